@@ -1,0 +1,609 @@
+"""plan(): probe every step and decide, with reasons. apply(): run what is needed, journaling each step.
+
+The engine knows steps only through the contract in steps/base.py; kinds come from the registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import os
+import shutil
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Literal
+
+from pydantic import ValidationError
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_fixed
+
+from runner.errors import InputError
+from runner.fingerprint import digest, spec_changes, step_fingerprint
+from runner.load import validation_errors
+from runner.model import Pipeline, StepDecl
+from runner.secrets import Masker
+from runner.state import StateStore, iso, lock_holder, now, pipeline_lock
+from runner.template import Facts, RenderError, render_data, render_string, when_source
+from runner.ui import Reporter
+from steps import kind_class
+from steps.base import Probe, StepContext, StepError, StepKind
+
+Action = Literal["run", "ok", "skip", "maybe"]
+Status = Literal["ok", "changed", "failed", "skipped", "blocked", "interrupted", "unselected"]
+KEPT_RUNS = 20
+
+
+@dataclass
+class Options:
+    only: list[str] = field(default_factory=list)
+    from_step: str | None = None
+    force: set[str] = field(default_factory=set)
+    jobs: int = 1
+    keep_going: bool = False
+    verbose: bool = False
+
+
+@dataclass
+class Decision:
+    name: str
+    action: Action
+    reason: str
+    changes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Result:
+    name: str
+    status: Status
+    reason: str = ""
+    duration: float = 0.0
+    error: str = ""
+    hint: str = ""
+    tail: str = ""
+    log: str = ""
+    input_error: bool = False
+    attempts: int = 0
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived during apply."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+@dataclass
+class Prepared:
+    """A step rendered for this run: its kind instance, context and fingerprint."""
+
+    step: StepDecl
+    instance: StepKind
+    ctx: StepContext
+    spec: dict[str, Any]
+    fingerprint: str
+    upstream: dict[str, str]
+
+
+class Engine:
+    def __init__(self, pipeline: Pipeline, reporter: Reporter, options: Options | None = None) -> None:
+        self.pipeline = pipeline
+        self.reporter = reporter
+        self.options = options or Options()
+        self.state = StateStore(pipeline.state_dir)
+        self.masker = Masker()
+        for name in pipeline.secrets:
+            self.masker.add(str(pipeline.vars[name]))
+        self.facts = Facts()
+        self.outputs: dict[str, dict[str, Any]] = {}
+        self.digests: dict[str, str] = {}
+        self.exports: dict[str, dict[str, str]] = {}
+        self.cancel = threading.Event()
+        self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+        graph = pipeline.graph
+        assert graph is not None
+        self.graph = graph
+        self._check_names()
+
+    # ---- selection ------------------------------------------------------------------------------------
+
+    def _check_names(self) -> None:
+        known = set(self.graph.names)
+        wanted = [*self.options.only, *self.options.force]
+        if self.options.from_step:
+            wanted.append(self.options.from_step)
+        for name in wanted:
+            if name not in known:
+                from runner.load import suggest
+
+                raise InputError(f"no step named {name!r}" + suggest(name, list(known)))
+
+    def selected(self) -> set[str]:
+        """The steps this run may execute: `--only` (with what they need) and `--from` (it and what follows)."""
+        names = set(self.graph.names)
+        if self.options.only:
+            names = self.graph.upstream(set(self.options.only))
+        if self.options.from_step:
+            start = self.pipeline.step(self.options.from_step).index
+            names &= {s.name for s in self.pipeline.steps if s.index >= start}
+        return names
+
+    # ---- rendering ------------------------------------------------------------------------------------
+
+    def _exported_before(self, step: StepDecl) -> dict[str, str]:
+        merged: dict[str, str] = {}
+        for other in self.pipeline.steps[: step.index]:
+            if other.name in self.exports:
+                merged.update(self.exports[other.name])
+        return merged
+
+    def _context(self, step: StepDecl, exported: dict[str, str]) -> dict[str, Any]:
+        return {
+            "vars": self.pipeline.vars,
+            "env": {**os.environ, **exported},
+            "facts": self.facts,
+            "steps": {name: self.outputs[name] for name in step.refs if name in self.outputs},
+        }
+
+    def _render_error(self, step: StepDecl, exc: RenderError) -> InputError:
+        path = ("steps", step.index, *exc.path)
+        field = f"steps[{step.index}] ({step.name})." + ".".join(str(p) for p in exc.path)
+        return self.pipeline.marks.error(path, self.masker.mask(exc.message), field=field)
+
+    def when_holds(self, step: StepDecl, context: dict[str, Any]) -> bool:
+        when = step.common.when
+        if when is None:
+            return True
+        if isinstance(when, bool):
+            return when
+        try:
+            text = render_string(when_source(when), context, ("when",))
+        except RenderError as exc:
+            raise self._render_error(step, exc) from None
+        word = text.strip().lower()
+        if word in {"true", "yes", "1", "on"}:
+            return True
+        if word in {"false", "no", "0", "off", "", "none"}:
+            return False
+        raise self._render_error(step, RenderError(f"`when` rendered to {text!r}, not true or false", ("when",)))
+
+    def prepare(self, step: StepDecl, log_path: Path | None = None) -> Prepared | None:
+        """Render a step; None when its `when` is false. Raises InputError for template and spec errors."""
+        exported = self._exported_before(step)
+        context = self._context(step, exported)
+        if not self.when_holds(step, context):
+            return None
+        try:
+            rendered = render_data(step.raw, context, (step.kind,))
+        except RenderError as exc:
+            raise self._render_error(step, exc) from None
+        cls = kind_class(step.kind)
+        try:
+            spec = cls.Spec.model_validate(rendered)
+        except ValidationError as exc:
+            errors = validation_errors(exc, ("steps", step.index, step.kind), cls.Spec, self.pipeline.marks, rendered)
+            err = errors[0]
+            err.message = self.masker.mask(err.message) + " (after rendering templates)"
+            raise err from None
+        instance = cls(spec)
+        if cls.exports_env:
+            self.exports[step.name] = instance.exports()
+        ctx = StepContext(
+            name=step.name,
+            pipeline_dir=self.pipeline.dir,
+            state_dir=self.pipeline.state_dir,
+            env={**os.environ, **exported},
+            exported=exported,
+            timeout=step.common.timeout,
+            log_path=log_path,
+            record_outputs=(self.state.record(step.name) or {}).get("outputs", {}),
+            cancel=self.cancel,
+            mask=self.masker.mask,
+        )
+        dumped = spec.model_dump(mode="json")
+        spec_data = (
+            {k: v for k, v in dumped.items() if k not in cls.cosmetic_fields} if isinstance(dumped, dict) else dumped
+        )
+        upstream = {dep: self.digests.get(dep, "none") for dep in self.graph.deps[step.name]}
+        extra = instance.fingerprint_extra(ctx)
+        fingerprint = step_fingerprint(step.kind, spec_data, extra, upstream)
+        return Prepared(step, instance, ctx, spec_data, fingerprint, upstream)
+
+    # ---- deciding -------------------------------------------------------------------------------------
+
+    def decide(self, prep: Prepared, crashed_ok: bool) -> Decision:
+        name = prep.step.name
+        record = self.state.record(name)
+        if name in self.options.force:
+            return Decision(name, "run", "forced (--force)")
+        if record is None:
+            return Decision(name, "run", "no record yet")
+        status = record.get("status")
+        if status == "started":
+            when = iso(record.get("started"))
+            if crashed_ok:
+                return Decision(
+                    name, "run", f"an earlier run stopped inside this step (started {when}, never finished)"
+                )
+            return Decision(name, "run", f"started {when} and not finished (running now, or crashed)")
+        if status == "interrupted":
+            return Decision(name, "run", f"interrupted last time ({iso(record.get('finished'))})")
+        if status == "failed":
+            error = str(record.get("error", "")).splitlines()[0:1]
+            return Decision(name, "run", "failed last time" + (f": {error[0]}" if error else ""))
+        if status != "done":
+            return Decision(name, "run", f"unknown recorded status {status!r}")
+        if record.get("fingerprint") != prep.fingerprint:
+            masked_spec = self.masker.mask_data(prep.spec)
+            changes = spec_changes(record.get("spec"), masked_spec)
+            if changes:
+                return Decision(name, "run", "spec changed: " + "; ".join(changes), changes)
+            old_up = record.get("upstream", {})
+            moved = [d for d in prep.upstream if old_up.get(d) != prep.upstream[d]]
+            if moved:
+                return Decision(name, "run", "upstream changed: " + ", ".join(moved))
+            return Decision(name, "run", "inputs changed")
+        probe = self._probe(prep)
+        if probe.status != "ok":
+            reason = self.masker.mask(probe.reason or probe.status)
+            return Decision(name, "run", reason, list(probe.changes))
+        return Decision(name, "ok", probe.reason or "up to date")
+
+    def _probe(self, prep: Prepared) -> Probe:
+        try:
+            return prep.instance.probe(prep.ctx)
+        except StepError as exc:
+            return Probe.missing(f"probe failed: {exc.message}")
+        except OSError as exc:
+            return Probe.missing(f"probe failed: {exc}")
+
+    def _adopt_record(self, name: str) -> None:
+        record = self.state.record(name) or {}
+        self.outputs[name] = dict(record.get("outputs") or {})
+        self.digests[name] = str(record.get("output_digest", "none"))
+
+    # ---- plan -----------------------------------------------------------------------------------------
+
+    def plan(self) -> list[Decision]:
+        self.state.load()
+        holder = lock_holder(self.pipeline.state_dir)
+        selected = self.selected()
+        decisions: dict[str, Decision] = {}
+        for name in self.graph.order():
+            step = self.pipeline.step(name)
+            self._adopt_record(name)
+            pending_up = [
+                d for d in self.graph.deps[name] if decisions.get(d) and decisions[d].action in ("run", "maybe")
+            ]
+            if name not in selected:
+                if step.kind == "env":
+                    with contextlib.suppress(InputError):
+                        self.prepare(step)
+                continue
+            try:
+                prep = self.prepare(step)
+            except InputError as exc:
+                if pending_up:
+                    decisions[name] = Decision(name, "maybe", f"after {', '.join(pending_up)} runs")
+                    continue
+                raise exc
+            if prep is None:
+                decisions[name] = Decision(name, "skip", f"`when` is false: {step.common.when}")
+                continue
+            decision = self.decide(prep, crashed_ok=holder is None)
+            if decision.action == "ok" and pending_up:
+                decision = Decision(
+                    name, "maybe", f"after {', '.join(pending_up)} runs (re-runs if their outputs change)"
+                )
+            decisions[name] = decision
+        return [decisions[n] for n in self.graph.order() if n in decisions]
+
+    # ---- apply ----------------------------------------------------------------------------------------
+
+    def apply(self) -> list[Result]:
+        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
+            self.state.load()
+            log_dir = self.pipeline.state_dir / "logs" / self.run_id
+            self._prune_logs()
+            with _signals_raise():
+                return self._schedule(log_dir)
+
+    def _prune_logs(self) -> None:
+        logs = self.pipeline.state_dir / "logs"
+        if not logs.is_dir():
+            return
+        runs = sorted(p for p in logs.iterdir() if p.is_dir())
+        for old in runs[: max(0, len(runs) - KEPT_RUNS + 1)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _schedule(self, log_dir: Path) -> list[Result]:
+        order = self.graph.order()
+        index = {n: i for i, n in enumerate(order)}
+        selected = self.selected()
+        remaining = {n: len(self.graph.after[n]) for n in order}
+        ready = [index[n] for n in order if remaining[n] == 0]
+        heapq.heapify(ready)
+        results: dict[str, Result] = {}
+        running: dict[Future[Result], str] = {}
+        stop = False
+        jobs = max(1, self.options.jobs)
+
+        def finish(name: str, result: Result) -> None:
+            results[name] = result
+            for child in self.graph.dependents[name]:
+                remaining[child] -= 1
+                if remaining[child] == 0:
+                    heapq.heappush(ready, index[child])
+
+        executor = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="step")
+        try:
+            while ready or running:
+                while ready and len(running) < jobs and not stop:
+                    name = order[heapq.heappop(ready)]
+                    blocked_by = [
+                        d for d in self.graph.after[name] if results[d].status in ("failed", "blocked", "interrupted")
+                    ]
+                    if blocked_by:
+                        result = Result(name, "blocked", f"waits on {', '.join(blocked_by)}, which did not succeed")
+                        if name in selected:
+                            self.reporter.step_finished(result)
+                        finish(name, result)
+                        continue
+                    if name not in selected:
+                        finish(name, self._unselected(name))
+                        continue
+                    running[executor.submit(self._run_one, name, log_dir)] = name
+                if not running:
+                    break
+                done, _ = wait(list(running), timeout=0.2, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    name = running.pop(fut)
+                    result = fut.result()
+                    finish(name, result)
+                    if result.status in ("failed", "interrupted") and not self.options.keep_going:
+                        stop = True
+        except Interrupted:
+            self.cancel.set()
+            for fut, name in list(running.items()):
+                try:
+                    result = fut.result()
+                except Exception as exc:  # noqa: BLE001 - reported, not raised
+                    result = Result(name, "interrupted", error=str(exc))
+                results[name] = result
+            executor.shutdown(wait=True)
+            raise
+        finally:
+            executor.shutdown(wait=True)
+        # Steps never reached (after a failure without --keep-going).
+        for name in order:
+            if name not in results and name in selected:
+                results[name] = Result(name, "blocked", "not started: an earlier step failed")
+        return [results[n] for n in order if n in results and results[n].status != "unselected"]
+
+    def _unselected(self, name: str) -> Result:
+        step = self.pipeline.step(name)
+        self._adopt_record(name)
+        if step.kind == "env":
+            with contextlib.suppress(InputError):
+                self.prepare(step)
+        return Result(name, "unselected")
+
+    def _run_one(self, name: str, log_dir: Path) -> Result:
+        step = self.pipeline.step(name)
+        started = time.monotonic()
+        log_path = log_dir / f"{name}.log"
+        try:
+            prep = self.prepare(step, log_path)
+        except InputError as exc:
+            result = Result(name, "failed", error=str(exc), input_error=True)
+            self.reporter.step_finished(result)
+            return result
+        if prep is None:
+            self._adopt_record(name)
+            self.digests[name] = "skipped"
+            result = Result(name, "skipped", f"`when` is false: {step.common.when}")
+            self.reporter.step_finished(result)
+            return result
+        decision = self.decide(prep, crashed_ok=True)
+        if decision.action == "ok":
+            self._adopt_record(name)
+            result = Result(name, "ok", decision.reason, time.monotonic() - started)
+            self.reporter.step_finished(result)
+            return result
+        return self._execute(prep, decision, started, log_path)
+
+    def _execute(self, prep: Prepared, decision: Decision, started: float, log_path: Path) -> Result:
+        name = prep.step.name
+        common = prep.step.common
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.reporter.step_started(name, decision.reason)
+        if self.options.verbose:
+            prep.ctx.on_output = lambda line: self.reporter.output(name, line)
+        else:
+            prep.ctx.on_output = lambda line: self.reporter.output_quiet(name, line)
+        begin = now()
+        self.state.update(name, status="started", started=begin, run=self.run_id, pid=os.getpid(), log=str(log_path))
+        attempts = 0
+
+        def before_sleep(retry_state: RetryCallState) -> None:
+            exc = retry_state.outcome.exception() if retry_state.outcome else None
+            message = exc.message if isinstance(exc, StepError) else str(exc)
+            self.reporter.notice(
+                f"{name}: attempt {retry_state.attempt_number} of {common.retries + 1} failed: "
+                f"{self.masker.mask(message)}; retrying in {common.retry_delay:g}s"
+            )
+
+        retrying = Retrying(
+            stop=stop_after_attempt(common.retries + 1),
+            wait=wait_fixed(common.retry_delay),
+            retry=retry_if_exception_type(StepError),
+            reraise=True,
+            before_sleep=before_sleep,
+            sleep=self._sleep,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    attempts += 1
+                    if self.cancel.is_set():
+                        raise _Cancelled()
+                    outputs = prep.instance.apply(prep.ctx)
+        except (StepError, _Cancelled) as exc:
+            duration = time.monotonic() - started
+            interrupted = self.cancel.is_set()
+            message = self.masker.mask(exc.message if isinstance(exc, StepError) else "interrupted")
+            if interrupted:
+                message = "interrupted"
+            self.state.update(
+                name,
+                status="interrupted" if interrupted else "failed",
+                finished=now(),
+                duration=duration,
+                attempts=attempts,
+                error=message,
+            )
+            result = Result(
+                name,
+                "interrupted" if interrupted else "failed",
+                decision.reason,
+                duration,
+                error=message,
+                hint=self.masker.mask(exc.hint) if isinstance(exc, StepError) else "",
+                tail=self.masker.mask(exc.output_tail) if isinstance(exc, StepError) else "",
+                log=str(log_path) if log_path.exists() else "",
+                attempts=attempts,
+            )
+            self.reporter.step_finished(result)
+            return result
+        except Exception as exc:  # a bug in a kind: record it, do not lose the run
+            duration = time.monotonic() - started
+            message = self.masker.mask(f"internal error in the {prep.step.kind} step: {type(exc).__name__}: {exc}")
+            self.state.update(
+                name, status="failed", finished=now(), duration=duration, attempts=attempts, error=message
+            )
+            result = Result(
+                name, "failed", decision.reason, duration, error=message, log=str(log_path), attempts=attempts
+            )
+            self.reporter.step_finished(result)
+            if self.options.verbose:
+                raise
+            return result
+        duration = time.monotonic() - started
+        masked_outputs = self.masker.mask_data(outputs)
+        assert isinstance(masked_outputs, dict)
+        output_digest = digest({"fingerprint": prep.fingerprint, "outputs": outputs})
+        self.outputs[name] = dict(outputs)
+        self.digests[name] = output_digest
+        self.state.replace(
+            name,
+            {
+                "status": "done",
+                "kind": prep.step.kind,
+                "fingerprint": prep.fingerprint,
+                "spec": self.masker.mask_data(prep.spec),
+                "upstream": prep.upstream,
+                "outputs": masked_outputs,
+                "output_digest": output_digest,
+                "started": begin,
+                "finished": now(),
+                "duration": duration,
+                "attempts": attempts,
+                "run": self.run_id,
+                "reason": decision.reason,
+                "log": str(log_path) if log_path.exists() else "",
+            },
+        )
+        status: Status = "changed" if prep.instance.changes_system else "ok"
+        result = Result(name, status, decision.reason, duration, log=str(log_path), attempts=attempts)
+        self.reporter.step_finished(result)
+        return result
+
+    def _sleep(self, seconds: float) -> None:
+        if self.cancel.wait(seconds):
+            raise _Cancelled()
+
+    # ---- record edits ---------------------------------------------------------------------------------
+
+    def forget(self, name: str) -> bool:
+        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
+            self.state.load()
+            existed = self.state.record(name) is not None
+            self.state.replace(name, None)
+            return existed
+
+    def mark_done(self, name: str) -> None:
+        """Accept the live state as done: record the current fingerprint without running the step."""
+        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
+            self.state.load()
+            for other in self.graph.order():
+                step = self.pipeline.step(other)
+                self._adopt_record(other)
+                if other == name:
+                    prep = self.prepare(step)
+                    if prep is None:
+                        raise InputError(f"step {name!r} is skipped (`when` is false): nothing to mark")
+                    previous = self.state.record(name) or {}
+                    outputs = previous.get("outputs") or {}
+                    self.state.replace(
+                        name,
+                        {
+                            "status": "done",
+                            "kind": step.kind,
+                            "fingerprint": prep.fingerprint,
+                            "spec": self.masker.mask_data(prep.spec),
+                            "upstream": prep.upstream,
+                            "outputs": outputs,
+                            "output_digest": digest({"fingerprint": prep.fingerprint, "outputs": outputs}),
+                            "started": now(),
+                            "finished": now(),
+                            "duration": 0.0,
+                            "attempts": 0,
+                            "run": self.run_id,
+                            "reason": "marked done by hand",
+                        },
+                    )
+                    return
+                if step.kind == "env":
+                    with contextlib.suppress(InputError):
+                        self.prepare(step)
+
+    def exported_env(self) -> dict[str, str]:
+        """Every variable the env steps export, rendered with the recorded outputs."""
+        self.state.load()
+        merged: dict[str, str] = {}
+        for name in self.graph.order():
+            step = self.pipeline.step(name)
+            self._adopt_record(name)
+            if step.kind == "env":
+                prep = self.prepare(step)
+                if prep is not None:
+                    merged.update(self.exports[name])
+        return merged
+
+
+class _Cancelled(Exception):
+    message = "interrupted"
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGINT and SIGTERM become Interrupted in the main thread, so running steps are stopped cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    old_int = signal.signal(signal.SIGINT, handler)
+    old_term = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)

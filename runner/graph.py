@@ -1,0 +1,166 @@
+"""The DAG: file order, `needs`, template references and earlier env steps.
+
+Two kinds of edge:
+- data edges (``deps``): `needs`, `steps.X` references in templates, and every earlier env step. Their
+  output digests go into the fingerprint, so a changed upstream re-runs its dependents.
+- order edges (``after``): a step without `needs` comes after the steps before it in the file, as in a
+  script. These only order; they do not re-run anything.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runner.model import Pipeline
+
+
+@dataclass
+class Graph:
+    names: list[str]
+    deps: dict[str, list[str]]  # data edges
+    after: dict[str, list[str]]  # data edges plus order edges: what must finish before a step starts
+    dependents: dict[str, list[str]] = field(default_factory=dict)
+
+    def order(self) -> list[str]:
+        """A topological order that keeps file order wherever the edges allow."""
+        index = {n: i for i, n in enumerate(self.names)}
+        remaining = {n: len(self.after[n]) for n in self.names}
+        ready = [index[n] for n in self.names if remaining[n] == 0]
+        heapq.heapify(ready)
+        out: list[str] = []
+        while ready:
+            name = self.names[heapq.heappop(ready)]
+            out.append(name)
+            for child in self.dependents[name]:
+                remaining[child] -= 1
+                if remaining[child] == 0:
+                    heapq.heappush(ready, index[child])
+        return out
+
+    def upstream(self, names: set[str]) -> set[str]:
+        """names and everything they need (data edges), transitively."""
+        seen = set(names)
+        stack = list(names)
+        while stack:
+            for dep in self.deps[stack.pop()]:
+                if dep not in seen:
+                    seen.add(dep)
+                    stack.append(dep)
+        return seen
+
+    def downstream(self, name: str) -> set[str]:
+        """Everything that waits on name, transitively (order and data edges)."""
+        seen: set[str] = set()
+        stack = [name]
+        while stack:
+            for child in self.dependents[stack.pop()]:
+                if child not in seen:
+                    seen.add(child)
+                    stack.append(child)
+        return seen
+
+
+def build_graph(pipeline: Pipeline) -> Graph:
+    names = [s.name for s in pipeline.steps]
+    deps: dict[str, list[str]] = {}
+    after: dict[str, list[str]] = {}
+    env_steps: list[str] = []
+    frontier: list[str] = []  # earlier steps nothing later has waited on yet
+    for step in pipeline.steps:
+        data = list(dict.fromkeys([*step.common.needs, *sorted(step.refs), *env_steps]))
+        deps[step.name] = data
+        if step.declares_needs:
+            order = data
+        else:
+            order = list(dict.fromkeys([*data, *frontier]))
+        after[step.name] = order
+        waited = set(order)
+        frontier = [n for n in frontier if n not in waited] + [step.name]
+        if step.kind == "env":
+            env_steps.append(step.name)
+    dependents: dict[str, list[str]] = {n: [] for n in names}
+    for name in names:
+        for dep in after[name]:
+            dependents[dep].append(name)
+    graph = Graph(names=names, deps=deps, after=after, dependents=dependents)
+    cycle = find_cycle(graph)
+    if cycle:
+        first = pipeline.step(cycle[0])
+        raise pipeline.marks.error(
+            ("steps", first.index, "needs"),
+            "dependency cycle: " + " -> ".join([*cycle, cycle[0]]),
+            field=f"steps[{first.index}] ({first.name}).needs",
+        )
+    return graph
+
+
+def find_cycle(graph: Graph) -> list[str] | None:
+    """One cycle as a list of names, or None. Iterative DFS (deep pipelines must not recurse)."""
+    WHITE, GREY, BLACK = 0, 1, 2
+    color = dict.fromkeys(graph.names, WHITE)
+    for root in graph.names:
+        if color[root] != WHITE:
+            continue
+        stack: list[tuple[str, int]] = [(root, 0)]
+        path: list[str] = [root]
+        color[root] = GREY
+        while stack:
+            node, i = stack[-1]
+            edges = graph.after[node]
+            if i < len(edges):
+                stack[-1] = (node, i + 1)
+                nxt = edges[i]
+                if color[nxt] == GREY:
+                    start = path.index(nxt)
+                    return list(reversed(path[start:]))
+                if color[nxt] == WHITE:
+                    color[nxt] = GREY
+                    stack.append((nxt, 0))
+                    path.append(nxt)
+            else:
+                color[node] = BLACK
+                stack.pop()
+                path.pop()
+    return None
+
+
+def to_text(graph: Graph, pipeline: Pipeline) -> str:
+    lines = []
+    kinds = {s.name: s.kind for s in pipeline.steps}
+    for name in graph.order():
+        deps = graph.deps[name]
+        order_only = [d for d in graph.after[name] if d not in deps]
+        parts = []
+        if deps:
+            parts.append("needs " + ", ".join(deps))
+        if order_only:
+            parts.append("after " + ", ".join(order_only))
+        lines.append(f"{name} [{kinds[name]}]" + (f"  <- {'; '.join(parts)}" if parts else ""))
+    return "\n".join(lines)
+
+
+def to_dot(graph: Graph) -> str:
+    lines = ["digraph pipeline {", "  rankdir=LR;"]
+    for name in graph.names:
+        lines.append(f'  "{name}";')
+    for name in graph.names:
+        for dep in graph.after[name]:
+            style = "" if dep in graph.deps[name] else " [style=dashed]"
+            lines.append(f'  "{dep}" -> "{name}"{style};')
+    lines.append("}")
+    return "\n".join(lines)
+
+
+def to_mermaid(graph: Graph) -> str:
+    lines = ["flowchart LR"]
+    ids = {n: f"s{i}" for i, n in enumerate(graph.names)}
+    for name in graph.names:
+        lines.append(f'  {ids[name]}["{name}"]')
+    for name in graph.names:
+        for dep in graph.after[name]:
+            arrow = "-->" if dep in graph.deps[name] else "-.->"
+            lines.append(f"  {ids[dep]} {arrow} {ids[name]}")
+    return "\n".join(lines)

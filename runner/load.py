@@ -1,0 +1,395 @@
+"""pipeline.yaml -> a checked Pipeline; every error names file, line, column and field.
+
+YAML is composed into nodes (which carry marks), then turned into plain data while recording the mark of
+every value and every key by its path, so a pydantic error at ``steps[2].run.command`` points at its line.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from runner.errors import InputError
+from runner.model import COMMON_FIELDS, TOP_LEVEL_FIELDS, Pipeline, PipelineHeader, StepCommon, StepDecl
+from steps import KINDS, kind_class
+
+Path_ = tuple[str | int, ...]
+Mark = tuple[int, int]
+
+MAX_NODES = 100_000  # an alias bomb ("billion laughs") stops here
+MAX_DEPTH = 60
+MAX_BYTES = 10 * 1024 * 1024
+
+
+class MarkedData:
+    """Plain data from YAML plus the (line, column) of each value and each mapping key, by path."""
+
+    def __init__(self, file: str) -> None:
+        self.file = file
+        self.values: dict[Path_, Mark] = {}
+        self.keys: dict[Path_, Mark] = {}
+        self.count = 0
+        self.constructor = yaml.constructor.SafeConstructor()
+
+    def mark(self, path: Path_, key: bool = False) -> Mark | None:
+        """The mark of a path, or of its nearest ancestor that has one."""
+        table = self.keys if key else self.values
+        probe = path
+        while True:
+            if probe in table:
+                return table[probe]
+            if key and probe in self.values:
+                return self.values[probe]
+            if not probe:
+                return None
+            probe = probe[:-1]
+
+    def error(self, path: Path_, message: str, *, key: bool = False, field: str | None = None) -> InputError:
+        mark = self.mark(path, key=key)
+        return InputError(
+            message,
+            file=self.file,
+            line=mark[0] if mark else None,
+            column=mark[1] if mark else None,
+            field=field if field is not None else dotted(path),
+        )
+
+
+def dotted(path: Path_) -> str:
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += f".{part}" if out else str(part)
+    return out
+
+
+class _Loader(yaml.SafeLoader):
+    pass
+
+
+def _construct(node: yaml.Node, path: Path_, data: MarkedData, depth: int) -> Any:
+    data.count += 1
+    if data.count > MAX_NODES:
+        raise data.error(path, f"the document expands to more than {MAX_NODES} values (YAML aliases?)")
+    if depth > MAX_DEPTH:
+        raise data.error(path, f"nested more than {MAX_DEPTH} levels deep")
+    data.values[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if isinstance(node, yaml.MappingNode):
+        data.constructor.flatten_mapping(node)  # resolves `<<` merge keys
+        result: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise data.error(path, "a mapping key must be a plain scalar")
+            key = data.constructor.construct_object(key_node)
+            if not isinstance(key, str):
+                key = str(key)
+            child = (*path, key)
+            if key in result:
+                data.keys[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                raise data.error(child, f"duplicate key {key!r}", key=True)
+            data.keys[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+            result[key] = _construct(value_node, child, data, depth + 1)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [_construct(v, (*path, i), data, depth + 1) for i, v in enumerate(node.value)]
+    assert isinstance(node, yaml.ScalarNode)
+    value = data.constructor.construct_object(node)
+    if not isinstance(value, (str, int, float, bool, type(None))):
+        value = str(value)  # dates and the like: keep the text
+    return value
+
+
+def parse_yaml(text: str, file: str) -> tuple[Any, MarkedData]:
+    data = MarkedData(file)
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "invalid YAML"
+        raise InputError(
+            f"YAML syntax error: {problem}" + (f" ({exc.context})" if exc.context and exc.problem else ""),
+            file=file,
+            line=mark.line + 1 if mark else None,
+            column=mark.column + 1 if mark else None,
+        ) from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"YAML error: {exc}", file=file) from None
+    except RecursionError:
+        raise InputError("the document is nested too deeply", file=file) from None
+    if node is None:
+        return None, data
+    try:
+        return _construct(node, (), data, 0), data
+    except RecursionError:
+        raise InputError("the document is nested too deeply", file=file) from None
+    except yaml.YAMLError as exc:
+        raise InputError(f"YAML error: {exc}", file=file) from None
+
+
+def read_text(path: Path) -> str:
+    shown = str(path)
+    if not path.exists():
+        raise InputError(f"no pipeline file at {path.resolve()} (use -f FILE to name another)")
+    if path.is_dir():
+        raise InputError(f"{shown} is a directory, not a pipeline file")
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise InputError(f"cannot read {shown}: {exc.strerror}") from None
+    if len(raw) > MAX_BYTES:
+        raise InputError(f"{shown} is larger than {MAX_BYTES // (1024 * 1024)} MiB")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise InputError(
+            f"not valid UTF-8 (byte 0x{raw[exc.start]:02x})", file=shown, line=line, column=column
+        ) from None
+
+
+def suggest(word: str, choices: list[str]) -> str:
+    near = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {near[0]!r}?" if near else f"; expected one of: {', '.join(sorted(choices))}"
+
+
+TYPE_WORDS = {
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "none_required": "nothing (null)",
+}
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "nothing (null)"
+    if isinstance(value, bool):
+        return f"the boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        return f"the string {shown!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+def validation_errors(
+    exc: ValidationError,
+    base: Path_,
+    model: type[BaseModel],
+    data: MarkedData,
+    raw: Any,
+    skip_templates: bool = False,
+) -> list[InputError]:
+    """Pydantic errors as InputErrors at the right line, one per field."""
+    grouped: dict[Path_, list[Any]] = {}
+    for err in exc.errors():
+        parts: list[str | int] = []
+        # Drop union/type tags pydantic puts in loc (e.g. 'str', 'list[str]', 'function-after[...]').
+        for part in err["loc"]:
+            if isinstance(part, str) and ("[" in part or part in {"str", "int", "float", "bool", "list"}):
+                continue
+            if part == "root" and not parts:
+                continue
+            parts.append(part)
+        grouped.setdefault(tuple(parts), []).append(err)
+    errors: list[InputError] = []
+    for loc_key, errs in grouped.items():
+        loc = loc_key
+        path = (*base, *loc)
+        first = errs[0]
+        kind = first["type"]
+        if skip_templates:
+            value = _lookup(raw, loc)
+            if isinstance(value, str) and ("{{" in value or "{%" in value):
+                continue  # checked again once the template is rendered
+        if kind == "extra_forbidden":
+            key = str(loc[-1]) if loc else "?"
+            parent = _lookup(raw, loc[:-1])
+            fields = _field_names(model, loc[:-1])
+            choices = fields or (list(parent) if isinstance(parent, dict) else [])
+            errors.append(data.error(path, f"unknown key {key!r}" + suggest(key, choices), key=True))
+        elif kind == "missing":
+            errors.append(data.error(path, "this required field is missing", key=True))
+        else:
+            wanted = [TYPE_WORDS[e["type"]] for e in errs if e["type"] in TYPE_WORDS]
+            if wanted and len(wanted) == len(errs):
+                unique = list(dict.fromkeys(wanted))
+                got = _describe(first.get("input"))
+                message = f"expected {' or '.join(unique)}, got {got}"
+            else:
+                message = "; ".join(dict.fromkeys(_clean(e["msg"]) for e in errs))
+            errors.append(data.error(path, message))
+    return errors
+
+
+def _clean(msg: str) -> str:
+    return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+
+
+def _lookup(raw: Any, loc: tuple[str | int, ...] | list[str | int]) -> Any:
+    cur = raw
+    for part in loc:
+        try:
+            cur = cur[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return cur
+
+
+def _field_names(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str]:
+    if loc:
+        return []
+    fields = getattr(model, "model_fields", {})
+    return [f for f in fields if f != "root"]
+
+
+def load_pipeline(path: str | os.PathLike[str], overrides: dict[str, str] | None = None) -> Pipeline:
+    """Read, parse and check a pipeline file. Raises InputError (the first error found)."""
+    file = Path(path)
+    text = read_text(file)
+    raw, data = parse_yaml(text, str(file))
+    return build_pipeline(raw, data, file, overrides or {})
+
+
+def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, str]) -> Pipeline:
+    if raw is None:
+        raise InputError("the file is empty: expected a mapping with `steps:`", file=data.file, line=1)
+    if not isinstance(raw, dict):
+        raise data.error((), f"the top level must be a mapping with `steps:`, got {_describe(raw)}", field="")
+    for key in raw:
+        if key not in TOP_LEVEL_FIELDS:
+            raise data.error((key,), f"unknown key {key!r}" + suggest(key, list(TOP_LEVEL_FIELDS)), key=True)
+    header_raw = {k: v for k, v in raw.items() if k != "steps"}
+    try:
+        header = PipelineHeader.model_validate(header_raw)
+    except ValidationError as exc:
+        raise validation_errors(exc, (), PipelineHeader, data, header_raw)[0] from None
+    if "steps" not in raw:
+        raise data.error((), "no `steps:`: a pipeline needs at least one step", field="steps")
+    steps_raw = raw["steps"]
+    if not isinstance(steps_raw, list):
+        raise data.error(("steps",), f"expected a list of steps, got {_describe(steps_raw)}")
+    if not steps_raw:
+        raise data.error(("steps",), "no steps: a pipeline needs at least one step")
+    for name in header.secrets:
+        if name not in header.vars:
+            raise data.error(("secrets",), f"{name!r} is not a var (secrets name vars whose values are secret)")
+
+    steps: list[StepDecl] = []
+    seen: dict[str, int] = {}
+    kinds = list(KINDS)
+    for index, step_raw in enumerate(steps_raw):
+        where: Path_ = ("steps", index)
+        if not isinstance(step_raw, dict):
+            raise data.error(where, f"a step must be a mapping, got {_describe(step_raw)}")
+        label = f"steps[{index}]" + (f" ({step_raw['name']})" if isinstance(step_raw.get("name"), str) else "")
+        present = [k for k in step_raw if k in KINDS]
+        unknown = [k for k in step_raw if k not in KINDS and k not in COMMON_FIELDS]
+        if unknown:
+            key = unknown[0]
+            raise data.error(
+                (*where, key),
+                f"unknown key {key!r}" + suggest(key, kinds + list(COMMON_FIELDS)),
+                key=True,
+                field=f"{label}.{key}",
+            )
+        if not present:
+            raise data.error(where, f"no step kind: give exactly one of {', '.join(kinds)}", field=label)
+        if len(present) > 1:
+            raise data.error(
+                (*where, present[1]),
+                f"two kinds in one step ({' and '.join(present)}): a step has exactly one",
+                key=True,
+                field=label,
+            )
+        kind = present[0]
+        common_raw = {k: v for k, v in step_raw.items() if k != kind}
+        try:
+            common = StepCommon.model_validate(common_raw)
+        except ValidationError as exc:
+            err = validation_errors(exc, where, StepCommon, data, common_raw)[0]
+            err.field = label + ("." + err.field.split(".", 1)[1] if err.field and "." in err.field else "")
+            raise err from None
+        spec_raw = step_raw[kind]
+        cls = kind_class(kind)
+        try:
+            cls.Spec.model_validate(spec_raw)
+        except ValidationError as exc:
+            errs = validation_errors(exc, (*where, kind), cls.Spec, data, spec_raw, skip_templates=True)
+            if errs:
+                err = errs[0]
+                suffix = dotted((*where, kind))
+                err.field = (err.field or "").replace(suffix, f"{label}.{kind}", 1)
+                raise err from None
+        if common.name in seen:
+            raise data.error(
+                (*where, "name"),
+                f"duplicate step name {common.name!r} (first used by steps[{seen[common.name]}])",
+                field=f"{label}.name",
+            )
+        seen[common.name] = index
+        steps.append(
+            StepDecl(
+                index=index,
+                name=common.name,
+                kind=kind,
+                common=common,
+                raw=spec_raw,
+                declares_needs="needs" in step_raw,
+            )
+        )
+
+    for step in steps:
+        for j, need in enumerate(step.common.needs):
+            if need not in seen:
+                raise data.error(
+                    ("steps", step.index, "needs", j),
+                    f"unknown step {need!r}" + suggest(need, list(seen)),
+                    field=f"steps[{step.index}] ({step.name}).needs",
+                )
+            if need == step.name:
+                raise data.error(
+                    ("steps", step.index, "needs", j),
+                    "a step cannot need itself",
+                    field=f"steps[{step.index}] ({step.name}).needs",
+                )
+
+    variables = dict(header.vars)
+    for key, value in overrides.items():
+        variables[key] = value
+    pipeline = Pipeline(
+        name=header.name or file.stem,
+        description=header.description,
+        vars=variables,
+        secrets=list(header.secrets),
+        steps=steps,
+        file=file,
+        marks=data,
+    )
+    # Imported here: graph and template checks need the whole pipeline.
+    from runner.graph import build_graph
+    from runner.template import check_templates
+
+    check_templates(pipeline)
+    pipeline.graph = build_graph(pipeline)
+    return pipeline

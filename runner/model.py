@@ -1,0 +1,101 @@
+"""The pipeline model: the file's top level and the fields every step has."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+if TYPE_CHECKING:
+    from runner.graph import Graph
+    from runner.load import MarkedData
+
+STEP_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
+
+
+class PipelineHeader(BaseModel):
+    """The top level of pipeline.yaml, less its steps."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = Field(None, description="The pipeline's name (default: the file's name).")
+    description: str | None = Field(None, description="What the pipeline is for.")
+    vars: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Variables for templates, as `{{ vars.NAME }}`; `--var k=v` overrides.",
+    )
+    secrets: list[str] = Field(
+        default_factory=list,
+        description="Names of vars whose values are secret: masked in all output, logs and state.",
+    )
+
+
+class StepCommon(BaseModel):
+    """The fields every step has, whatever its kind."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(description="Unique name: letters, digits, - and _.", pattern=STEP_NAME_PATTERN, max_length=100)
+    description: str | None = Field(None, description="What the step is for (cosmetic).")
+    needs: list[str] = Field(
+        default_factory=list,
+        description="The steps this one depends on. Without `needs`, a step comes after the steps before it.",
+    )
+    when: str | bool | None = Field(
+        None,
+        description="A condition: a template or an expression such as `vars.smoke`; false skips the step.",
+    )
+    retries: int = Field(0, ge=0, le=100, description="How often to retry a failed step.")
+    retry_delay: float = Field(2.0, ge=0, le=3600, description="Seconds between retries.")
+    timeout: float | None = Field(None, gt=0, description="Seconds the step may take before it is stopped.")
+
+    @field_validator("needs", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: Any) -> Any:
+        return [value] if isinstance(value, str) else value
+
+
+# Known when the file declares `needs:` at all (an empty list makes the step independent).
+COMMON_FIELDS = tuple(StepCommon.model_fields)
+TOP_LEVEL_FIELDS = (*PipelineHeader.model_fields, "steps")
+
+
+@dataclass
+class StepDecl:
+    """One step as declared: its common fields and the raw (unrendered) spec of its kind."""
+
+    index: int
+    name: str
+    kind: str
+    common: StepCommon
+    raw: Any
+    declares_needs: bool = False
+    refs: set[str] = field(default_factory=set)  # steps its templates reference
+
+
+@dataclass
+class Pipeline:
+    name: str
+    description: str | None
+    vars: dict[str, Any]
+    secrets: list[str]
+    steps: list[StepDecl]
+    file: Path
+    marks: MarkedData
+    graph: Graph | None = None
+
+    @property
+    def dir(self) -> Path:
+        return self.file.resolve().parent
+
+    @property
+    def state_dir(self) -> Path:
+        return self.dir / ".runner"
+
+    def step(self, name: str) -> StepDecl:
+        for s in self.steps:
+            if s.name == name:
+                return s
+        raise KeyError(name)

@@ -1,0 +1,273 @@
+"""Jinja2 templates as Ansible users know them: sandboxed, StrictUndefined, `{{ }}`.
+
+Context: ``vars``, ``env``, ``facts`` and ``steps.<name>.<output>``. Strings without ``{{``/``{%`` are
+never parsed, so plain specs cost nothing.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import socket
+import struct
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+from jinja2 import nodes
+from jinja2.sandbox import SandboxedEnvironment
+
+if TYPE_CHECKING:
+    from runner.model import Pipeline
+
+CONTEXT_NAMES = frozenset({"vars", "env", "facts", "steps"})
+TEMPLATE_MARKERS = ("{{", "{%", "{#")
+
+
+def is_template(text: str) -> bool:
+    return any(m in text for m in TEMPLATE_MARKERS)
+
+
+def _quote(value: Any) -> str:
+    return shlex.quote(str(value))
+
+
+def _bool(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in {"true", "yes", "1", "on"}
+    return bool(value)
+
+
+@functools.lru_cache(maxsize=1)
+def environment() -> SandboxedEnvironment:
+    env = SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
+    env.filters["quote"] = _quote
+    env.filters["bool"] = _bool
+    return env
+
+
+@functools.lru_cache(maxsize=4096)
+def _compile(source: str) -> jinja2.Template:
+    return environment().from_string(source)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(source: str) -> nodes.Template:
+    return environment().parse(source)
+
+
+def when_source(when: str) -> str:
+    """`when:` takes a template (`"{{ vars.x }}"`) or, as in Ansible, a bare expression (`vars.x`)."""
+    return when if is_template(when) else "{{ (" + when + ") }}"
+
+
+class RenderError(Exception):
+    def __init__(self, message: str, path: tuple[str | int, ...]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.path = path
+
+
+def render_string(source: str, context: Mapping[str, Any], path: tuple[str | int, ...] = ()) -> str:
+    if not is_template(source):
+        return source
+    try:
+        return _compile(source).render(context)
+    except jinja2.UndefinedError as exc:
+        raise RenderError(f"undefined in template: {exc.message}", path) from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise RenderError(f"template syntax error: {exc.message}", path) from None
+    except jinja2.exceptions.SecurityError as exc:
+        raise RenderError(f"not allowed in a template: {exc}", path) from None
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError, jinja2.TemplateError) as exc:
+        raise RenderError(f"template error: {exc}", path) from None
+    except RecursionError:
+        raise RenderError("template error: recursion too deep", path) from None
+
+
+def render_data(data: Any, context: Mapping[str, Any], path: tuple[str | int, ...] = ()) -> Any:
+    """Render every string inside nested dicts and lists."""
+    if isinstance(data, str):
+        return render_string(data, context, path)
+    if isinstance(data, dict):
+        return {k: render_data(v, context, (*path, k)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [render_data(v, context, (*path, i)) for i, v in enumerate(data)]
+    return data
+
+
+def iter_strings(data: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], str]]:
+    if isinstance(data, str):
+        yield path, data
+    elif isinstance(data, dict):
+        for k, v in data.items():
+            yield from iter_strings(v, (*path, k))
+    elif isinstance(data, list):
+        for i, v in enumerate(data):
+            yield from iter_strings(v, (*path, i))
+
+
+# ---- static checks: which names a template uses -------------------------------------------------------
+
+
+def _attr_of(node: nodes.Node, root: str) -> str | None:
+    """For `root.x` or `root['x']`, the name x."""
+    if isinstance(node, nodes.Getattr) and isinstance(node.node, nodes.Name) and node.node.name == root:
+        return node.attr
+    if (
+        isinstance(node, nodes.Getitem)
+        and isinstance(node.node, nodes.Name)
+        and node.node.name == root
+        and isinstance(node.arg, nodes.Const)
+        and isinstance(node.arg.value, str)
+    ):
+        return node.arg.value
+    return None
+
+
+def _guarded(node: nodes.Node, parents: dict[int, nodes.Node]) -> bool:
+    """Inside `x | default(...)` or `x is defined`: a missing name is allowed there."""
+    parent = parents.get(id(node))
+    while parent is not None:
+        if isinstance(parent, nodes.Filter) and parent.name in {"default", "d"}:
+            return True
+        if isinstance(parent, nodes.Test) and parent.name in {"defined", "undefined", "none"}:
+            return True
+        if not isinstance(parent, (nodes.Getattr, nodes.Getitem)):
+            return False
+        parent = parents.get(id(parent))
+    return False
+
+
+@functools.lru_cache(maxsize=4096)
+def template_names(source: str) -> tuple[frozenset[str], tuple[tuple[str, str, bool], ...]]:
+    """(undeclared top-level names, ((root, attr, guarded), ...)) used by a template."""
+    from jinja2 import meta
+
+    tree = _parse(source)
+    undeclared = frozenset(meta.find_undeclared_variables(tree))
+    parents: dict[int, nodes.Node] = {}
+    for parent in tree.find_all(nodes.Node):
+        for child in parent.iter_child_nodes():
+            parents[id(child)] = parent
+    uses: list[tuple[str, str, bool]] = []
+    for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
+        for root in ("vars", "steps"):
+            attr = _attr_of(node, root)
+            if attr is not None:
+                uses.append((root, attr, _guarded(node, parents)))
+    return undeclared, tuple(uses)
+
+
+def check_templates(pipeline: Pipeline) -> None:
+    """Syntax, unknown names, unknown vars and unknown steps, at load time; records step references."""
+    names = {s.name for s in pipeline.steps}
+    marks = pipeline.marks
+    for step in pipeline.steps:
+        sources: list[tuple[tuple[str | int, ...], str, str]] = []
+        for path, text in iter_strings(step.raw, ("steps", step.index, step.kind)):
+            if is_template(text):
+                sources.append((path, text, text))
+        if isinstance(step.common.when, str):
+            sources.append((("steps", step.index, "when"), step.common.when, when_source(step.common.when)))
+        for path, shown, source in sources:
+            field = f"steps[{step.index}] ({step.name})." + ".".join(str(p) for p in path[2:])
+            try:
+                undeclared, uses = template_names(source)
+            except jinja2.TemplateSyntaxError as exc:
+                raise marks.error(path, f"template syntax error: {exc.message} in {shown!r}", field=field) from None
+            except RecursionError:
+                raise marks.error(path, "template nested too deeply", field=field) from None
+            for name in sorted(undeclared - CONTEXT_NAMES):
+                raise marks.error(
+                    path,
+                    f"undefined template variable {name!r}; the context has vars, env, facts and steps",
+                    field=field,
+                )
+            for root, attr, guarded in uses:
+                if root == "vars" and attr not in pipeline.vars and not guarded:
+                    known = ", ".join(sorted(pipeline.vars)) or "none"
+                    raise marks.error(
+                        path, f"undefined template variable vars.{attr} (vars defined: {known})", field=field
+                    )
+                if root == "steps":
+                    if attr not in names:
+                        raise marks.error(path, f"template references unknown step {attr!r}", field=field)
+                    if attr == step.name:
+                        raise marks.error(path, "a step cannot reference its own outputs", field=field)
+                    step.refs.add(attr)
+
+
+# ---- facts: computed on first use -----------------------------------------------------------------------
+
+
+def _default_route_ip() -> str | None:
+    """The IPv4 address of the interface that holds the default route, read locally (no traffic)."""
+    try:
+        with open("/proc/net/route", encoding="ascii") as fh:
+            lines = fh.read().splitlines()[1:]
+    except OSError:
+        return None
+    iface = None
+    for line in lines:
+        fields = line.split()
+        if len(fields) > 2 and fields[1] == "00000000":
+            iface = fields[0]
+            break
+    if iface is None:
+        return None
+    try:
+        import fcntl
+
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            packed = struct.pack("256s", iface.encode()[:15])
+            return socket.inet_ntoa(fcntl.ioctl(sock.fileno(), 0x8915, packed)[20:24])  # SIOCGIFADDR
+    except OSError:
+        return None
+
+
+def _host_ip() -> str:
+    ip = _default_route_ip()
+    if ip:
+        return ip
+    try:
+        resolved = socket.gethostbyname(socket.gethostname())
+        if resolved:
+            return resolved
+    except OSError:
+        pass
+    return "127.0.0.1"
+
+
+class Facts(Mapping[str, Any]):
+    """Host facts, each computed the first time a template asks for it."""
+
+    _makers: dict[str, Any] = {
+        "host_ip": _host_ip,
+        "hostname": socket.gethostname,
+        "cpus": lambda: os.cpu_count() or 1,
+        "user": lambda: os.environ.get("USER") or str(os.getuid()),
+        "home": lambda: os.path.expanduser("~"),
+        "kernel": lambda: os.uname().release,
+        "arch": lambda: os.uname().machine,
+    }
+
+    def __init__(self) -> None:
+        self._values: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._values:
+            if key == "host_ip_dashed":
+                self._values[key] = str(self["host_ip"]).replace(".", "-")
+            elif key in self._makers:
+                self._values[key] = self._makers[key]()
+            else:
+                raise KeyError(key)
+        return self._values[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*self._makers, "host_ip_dashed"])
+
+    def __len__(self) -> int:
+        return len(self._makers) + 1

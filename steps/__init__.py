@@ -1,0 +1,27 @@
+"""Step kinds. Each module defines one kind through the contract in :mod:`steps.base`.
+
+The registry maps a kind key (``run``, ``env``, ``assert`` ...) to the module that implements it, so the
+engine imports only the kinds a pipeline uses.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from steps.base import StepKind
+
+# kind key -> "module:ClassName"; modules are imported on first use only.
+KINDS: dict[str, str] = {
+    "run": "steps.run:RunStep",
+    "env": "steps.env:EnvStep",
+    "assert": "steps.checks:AssertStep",
+}
+
+
+def kind_class(kind: str) -> type[StepKind]:
+    module_name, _, class_name = KINDS[kind].partition(":")
+    module = importlib.import_module(module_name)
+    cls: type[StepKind] = getattr(module, class_name)
+    return cls

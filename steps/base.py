@@ -1,0 +1,125 @@
+"""The step contract.
+
+A kind is a class with a pydantic ``Spec`` model (its fields and their descriptions become the JSON Schema),
+a read-only ``probe`` and an idempotent ``apply``. The engine decides whether a step runs; the kind only says
+whether the live system matches its spec and how to make it so.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+
+class SpecModel(BaseModel):
+    """Base of every kind's spec: unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The result of a probe: ``ok``, or ``missing``/``drift`` with a reason and field-level changes."""
+
+    status: Literal["ok", "missing", "drift"]
+    reason: str = ""
+    changes: tuple[str, ...] = ()
+
+    @classmethod
+    def ok(cls, reason: str = "") -> Probe:
+        return cls("ok", reason)
+
+    @classmethod
+    def missing(cls, reason: str) -> Probe:
+        return cls("missing", reason)
+
+    @classmethod
+    def drift(cls, reason: str, changes: tuple[str, ...] = ()) -> Probe:
+        return cls("drift", reason, changes)
+
+
+def scalar_text(value: Any) -> Any:
+    """YAML scalars as environment strings: true -> "true", 8000 -> "8000"; other values unchanged."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+def env_mapping(value: Any) -> Any:
+    """A before-validator for environment mappings: scalar values become strings."""
+    if isinstance(value, dict):
+        return {k: scalar_text(v) for k, v in value.items()}
+    return value
+
+
+class StepError(Exception):
+    """A step failed. ``message`` says what happened, ``hint`` what to do about it."""
+
+    def __init__(self, message: str, hint: str = "", output_tail: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.output_tail = output_tail
+
+
+@dataclass
+class StepContext:
+    """What a step gets from the engine: never globals."""
+
+    name: str
+    pipeline_dir: Path
+    state_dir: Path
+    env: Mapping[str, str]  # the process environment plus every exported variable before this step
+    exported: Mapping[str, str]  # only the variables exported by env steps before this step
+    timeout: float | None = None
+    log_path: Path | None = None
+    record_outputs: Mapping[str, Any] = field(default_factory=dict)  # outputs of the last successful run
+    on_output: Callable[[str], None] = lambda line: None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    mask: Callable[[str], str] = lambda text: text  # hides secret values in anything written out
+
+    def resolve(self, path: str) -> Path:
+        """A path relative to the pipeline file's directory (absolute paths stay as they are)."""
+        expanded = os.path.expanduser(path)
+        p = Path(expanded)
+        return p if p.is_absolute() else self.pipeline_dir / p
+
+
+class StepKind:
+    """Base of the step kinds. Subclasses set ``kind`` and ``Spec`` and implement probe and apply."""
+
+    kind: ClassVar[str]
+    Spec: ClassVar[type[BaseModel]]
+    # Fields that do not change what the step does: left out of the fingerprint.
+    cosmetic_fields: ClassVar[frozenset[str]] = frozenset()
+    # An env-like step exports variables to every later step, whether or not it runs.
+    exports_env: ClassVar[bool] = False
+    # False for checks: a run that passes reports `ok`, not `changed`.
+    changes_system: ClassVar[bool] = True
+
+    def __init__(self, spec: BaseModel) -> None:
+        self.spec = spec
+
+    def probe(self, ctx: StepContext) -> Probe:
+        """Read-only and fast: is the live system as the spec says?"""
+        return Probe.ok()
+
+    def apply(self, ctx: StepContext) -> dict[str, Any]:
+        """Make it so; return the outputs later steps may reference."""
+        raise NotImplementedError
+
+    def exports(self) -> dict[str, str]:
+        """Variables this step exports to later steps (env-like kinds only)."""
+        return {}
+
+    def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
+        """Extra inputs of the fingerprint (e.g. content hashes of input files)."""
+        return {}

@@ -1,0 +1,140 @@
+"""assert: preflight checks that fail fast with their own message.
+
+Example::
+
+    - name: kvm
+      assert:
+        path: /dev/kvm
+        message: "/dev/kvm is missing: enable virtualisation in the BIOS, or run on a KVM-capable host"
+    - name: kernel
+      assert: {kernel: "6.8", message: "AgentENV needs Linux >= 6.8"}
+
+Every check given in one step must hold: ``path`` exists, ``command`` exits 0, the running ``kernel`` is at
+least that version, ``file`` contains ``contains``, each variable in ``env`` is set and not empty, and
+``that`` (usually a template such as ``"{{ vars.n | int > 0 }}"``) renders true. Checks run on every apply.
+"""
+
+from __future__ import annotations
+
+import platform
+import re
+import shlex
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
+from steps.files import expand
+from steps.process import run_process
+
+TRUE_WORDS = {"true", "yes", "1", "on"}
+FALSE_WORDS = {"false", "no", "0", "off", "", "none"}
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    match = re.match(r"\d+(\.\d+)*", text.strip())
+    if not match:
+        raise ValueError(f"{text!r} is not a version like 6.8")
+    return tuple(int(x) for x in match.group(0).split("."))
+
+
+class AssertSpec(SpecModel):
+    path: str | None = Field(None, description="A path (or glob) that must exist.")
+    command: str | list[str] | None = Field(
+        None, description="A command that must exit 0 (a string runs under `sh -c`)."
+    )
+    kernel: str | None = Field(None, description="The lowest Linux kernel version accepted, e.g. `6.8`.")
+    file: str | None = Field(None, description="A file that must contain `contains`.")
+    contains: str | None = Field(None, description="The text `file` must contain.")
+    env: str | list[str] | None = Field(None, description="Variables that must be set and not empty.")
+    that: str | bool | None = Field(None, description="A condition (usually a template) that must be true.")
+    message: str | None = Field(None, description="The message shown when a check fails: say how to fix it.")
+
+    @field_validator("kernel")
+    @classmethod
+    def _kernel(cls, value: str | None) -> str | None:
+        if value is not None and "{{" not in value:
+            version_tuple(value)
+        return value
+
+    @model_validator(mode="after")
+    def _some_check(self) -> AssertSpec:
+        checks = [self.path, self.command, self.kernel, self.file, self.env, self.that]
+        if all(c is None for c in checks):
+            raise ValueError("give at least one check: path, command, kernel, file, env or that")
+        if (self.file is None) != (self.contains is None):
+            raise ValueError("`file` and `contains` go together")
+        return self
+
+
+class AssertStep(StepKind):
+    kind = "assert"
+    Spec = AssertSpec
+    cosmetic_fields = frozenset({"message"})
+    changes_system = False
+
+    @property
+    def check(self) -> AssertSpec:
+        assert isinstance(self.spec, AssertSpec)
+        return self.spec
+
+    def _failures(self, ctx: StepContext, run_commands: bool) -> list[str]:
+        spec = self.check
+        failures: list[str] = []
+        if spec.path is not None and not expand(ctx.resolve(spec.path)):
+            failures.append(f"{spec.path} does not exist")
+        if spec.kernel is not None:
+            release = platform.release()
+            try:
+                if version_tuple(release) < version_tuple(spec.kernel):
+                    failures.append(f"kernel {release} is older than {spec.kernel}")
+            except ValueError as exc:
+                failures.append(str(exc))
+        if spec.file is not None and spec.contains is not None:
+            target = ctx.resolve(spec.file)
+            try:
+                with open(target, encoding="utf-8", errors="replace") as fh:
+                    text = fh.read()
+            except OSError as exc:
+                failures.append(f"cannot read {spec.file}: {exc.strerror}")
+            else:
+                if spec.contains not in text:
+                    failures.append(f"{spec.file} does not contain {spec.contains!r}")
+        if spec.env is not None:
+            names = [spec.env] if isinstance(spec.env, str) else spec.env
+            for name in names:
+                if not ctx.env.get(name):
+                    failures.append(f"variable {name} is not set")
+        if spec.that is not None:
+            word = str(spec.that).strip().lower()
+            if word in FALSE_WORDS:
+                failures.append(f"condition is false: {spec.that!r}")
+            elif word not in TRUE_WORDS:
+                failures.append(f"condition is neither true nor false: {spec.that!r}")
+        if spec.command is not None and run_commands:
+            argv = ["/bin/sh", "-c", spec.command] if isinstance(spec.command, str) else spec.command
+            try:
+                result = run_process(argv, ctx, cwd=ctx.pipeline_dir, env=ctx.env)
+            except StepError as exc:
+                failures.append(exc.message)
+            else:
+                if result.returncode != 0:
+                    shown = spec.command if isinstance(spec.command, str) else shlex.join(spec.command)
+                    failures.append(f"`{shown}` exited with code {result.returncode}")
+        return failures
+
+    def probe(self, ctx: StepContext) -> Probe:
+        # A command check cannot be probed without running it: the check itself is the probe.
+        if self.check.command is not None:
+            return Probe.missing("a command check runs on every apply")
+        failures = self._failures(ctx, run_commands=False)
+        return Probe.missing("; ".join(failures)) if failures else Probe.ok("all checks hold")
+
+    def apply(self, ctx: StepContext) -> dict[str, Any]:
+        failures = self._failures(ctx, run_commands=True)
+        if failures:
+            detail = "; ".join(failures)
+            if self.check.message:
+                raise StepError(f"{self.check.message} ({detail})")
+            raise StepError(f"check failed: {detail}")
+        return {"passed": True}

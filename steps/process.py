@@ -1,0 +1,126 @@
+"""Running a child process in its own process group, with a log, a timeout and cancellation."""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from steps.base import StepContext, StepError
+
+TAIL_LINES = 20
+STDOUT_LIMIT = 64 * 1024
+
+
+@dataclass
+class Completed:
+    returncode: int
+    stdout: str
+    tail: list[str]
+
+
+def _kill_group(proc: subprocess.Popen[bytes], grace: float = 3.0) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_process(
+    argv: Sequence[str],
+    ctx: StepContext,
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Completed:
+    """Run argv, streaming its merged output to the step's log and ``ctx.on_output``.
+
+    The child gets its own session (process group), so a timeout or an interrupt stops it and everything it
+    started. Raises StepError when the program cannot be started, or on timeout or cancellation.
+    """
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=dict(env) if env is not None else None,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except FileNotFoundError as exc:
+        missing = exc.filename or argv[0]
+        if cwd is not None and not cwd.is_dir():
+            raise StepError(f"working directory does not exist: {cwd}") from None
+        raise StepError(
+            f"command not found: {missing}", hint="check the spelling, or install it, or use a full path"
+        ) from None
+    except PermissionError:
+        raise StepError(f"permission denied running: {argv[0]}") from None
+
+    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    captured: list[str] = []
+    captured_size = 0
+    log = open(ctx.log_path, "a", encoding="utf-8", errors="replace") if ctx.log_path else None
+
+    def read() -> None:
+        nonlocal captured_size
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            line = ctx.mask(raw.decode("utf-8", errors="replace"))
+            if log is not None:
+                log.write(line)
+                log.flush()
+            stripped = line.rstrip("\n")
+            tail.append(stripped)
+            if captured_size < STDOUT_LIMIT:
+                captured.append(line)
+                captured_size += len(line)
+            ctx.on_output(stripped)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    started = time.monotonic()
+    reason = ""
+    try:
+        while proc.poll() is None:
+            if ctx.cancel.is_set():
+                reason = "interrupted"
+                break
+            if ctx.timeout is not None and time.monotonic() - started > ctx.timeout:
+                reason = f"timed out after {ctx.timeout:g}s"
+                break
+            try:
+                proc.wait(timeout=0.05)
+            except subprocess.TimeoutExpired:
+                pass
+    finally:
+        if proc.poll() is None:
+            _kill_group(proc)
+        else:
+            # The leader exited; stop anything it left running in its group.
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        reader.join(timeout=5)
+        if log is not None:
+            log.close()
+    if reason:
+        raise StepError(f"command {reason}", output_tail="\n".join(tail))
+    return Completed(proc.returncode, "".join(captured), list(tail))

@@ -1,0 +1,103 @@
+"""run: any command — data preparation, a script, a check.
+
+Example::
+
+    - name: prepare
+      run:
+        command: [python, make_data.py, --output, "{{ vars.out }}/train.jsonl"]   # a list is argv, no shell
+        creates: ["{{ vars.out }}/train.jsonl"]
+
+A list runs as argv with no shell; a string runs under ``sh -c``. The step is done when its record matches
+the fingerprint (the rendered spec plus the content of its ``inputs``) and every ``creates`` path exists.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
+from steps.files import content_digest, expand
+from steps.process import run_process
+
+
+class RunSpec(SpecModel):
+    command: str | list[str] = Field(description="The command. A list is argv (no shell); a string runs under `sh -c`.")
+    cwd: str | None = Field(None, description="Working directory, relative to the pipeline file.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    creates: list[str] = Field(
+        default_factory=list,
+        description="Paths or globs the command creates; the step is not done while one is missing.",
+    )
+    inputs: list[str] = Field(
+        default_factory=list,
+        description="Paths or globs whose content is hashed into the fingerprint: a change re-runs the step.",
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value: Any) -> Any:
+        return env_mapping(value)
+
+    @field_validator("command")
+    @classmethod
+    def _not_empty(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("the command is empty")
+        if isinstance(value, list) and not value:
+            raise ValueError("the command list is empty")
+        return value
+
+
+class RunStep(StepKind):
+    kind = "run"
+    Spec = RunSpec
+
+    @property
+    def run_spec(self) -> RunSpec:
+        assert isinstance(self.spec, RunSpec)
+        return self.spec
+
+    def probe(self, ctx: StepContext) -> Probe:
+        for pattern in self.run_spec.creates:
+            if not expand(ctx.resolve(pattern)):
+                return Probe.missing(f"{pattern} does not exist")
+        return Probe.ok()
+
+    def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
+        if not self.run_spec.inputs:
+            return {}
+        found = {p: [str(x) for x in expand(ctx.resolve(p))] for p in self.run_spec.inputs}
+        paths = [ctx.resolve(x) for matches in found.values() for x in matches]
+        return {"inputs": found, "input_digests": content_digest(paths)}
+
+    def apply(self, ctx: StepContext) -> dict[str, Any]:
+        spec = self.run_spec
+        argv = ["/bin/sh", "-c", spec.command] if isinstance(spec.command, str) else spec.command
+        cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
+        env = {**ctx.env, **spec.env}
+        if "PWD" in env:
+            env["PWD"] = str(cwd)
+        result = run_process(argv, ctx, cwd=cwd, env=env)
+        if result.returncode != 0:
+            shown = spec.command if isinstance(spec.command, str) else " ".join(spec.command)
+            if isinstance(spec.command, str) and result.returncode == 127:
+                hint = "the shell could not find a command (exit 127): check its name and PATH"
+            else:
+                hint = ""
+            raise StepError(
+                f"command exited with code {result.returncode}: {shown}",
+                hint=hint,
+                output_tail="\n".join(result.tail),
+            )
+        for pattern in spec.creates:
+            if not expand(ctx.resolve(pattern)):
+                raise StepError(
+                    f"the command succeeded but did not create {pattern}",
+                    hint="fix the command or the `creates` path",
+                    output_tail="\n".join(result.tail),
+                )
+        stdout = result.stdout[:-1] if result.stdout.endswith("\n") else result.stdout
+        return {"rc": result.returncode, "stdout": stdout, "cwd": os.fspath(cwd)}
