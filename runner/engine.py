@@ -28,7 +28,7 @@ from runner.load import validation_errors
 from runner.model import Pipeline, StepDecl
 from runner.secrets import Masker
 from runner.state import StateStore, iso, lock_holder, now, pipeline_lock
-from runner.template import Facts, RenderError, render_data, render_string, when_source
+from runner.template import Facts, Outputs, RenderError, render_data, render_string, when_source
 from runner.ui import Reporter
 from steps import kind_class
 from steps.base import Probe, StepContext, StepError, StepKind
@@ -147,7 +147,7 @@ class Engine:
             "vars": self.pipeline.vars,
             "env": {**os.environ, **exported},
             "facts": self.facts,
-            "steps": {name: self.outputs[name] for name in step.refs if name in self.outputs},
+            "steps": {name: Outputs(name, self.outputs[name]) for name in step.refs if name in self.outputs},
         }
 
     def _render_error(self, step: StepDecl, exc: RenderError) -> InputError:
@@ -421,7 +421,8 @@ class Engine:
         name = prep.step.name
         common = prep.step.common
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.reporter.step_started(name, decision.reason)
+        if prep.instance.changes_system:
+            self.reporter.step_started(name, decision.reason)
         if self.options.verbose:
             prep.ctx.on_output = lambda line: self.reporter.output(name, line)
         else:

@@ -213,7 +213,9 @@ def validation_errors(
             parts.append(part)
         grouped.setdefault(tuple(parts), []).append(err)
     errors: list[InputError] = []
-    for loc_key, errs in grouped.items():
+    # An unknown key explains a "missing" one (`comand` for `command`): report it first.
+    ranked = sorted(grouped.items(), key=lambda item: item[1][0]["type"] != "extra_forbidden")
+    for loc_key, errs in ranked:
         loc = loc_key
         path = (*base, *loc)
         first = errs[0]
@@ -228,8 +230,10 @@ def validation_errors(
             fields = _field_names(model, loc[:-1])
             choices = fields or (list(parent) if isinstance(parent, dict) else [])
             errors.append(data.error(path, f"unknown key {key!r}" + suggest(key, choices), key=True))
+        elif kind == "string_pattern_mismatch" and loc and loc[-1] == "name":
+            errors.append(data.error(path, f"{first.get('input')!r} is not a valid name: use letters, digits, - and _"))
         elif kind == "missing":
-            errors.append(data.error(path, "this required field is missing", key=True))
+            errors.append(data.error(path[:-1], "this required field is missing", field=dotted(path)))
         else:
             wanted = [TYPE_WORDS[e["type"]] for e in errs if e["type"] in TYPE_WORDS]
             if wanted and len(wanted) == len(errs):

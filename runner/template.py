@@ -39,9 +39,29 @@ def _bool(value: Any) -> bool:
     return bool(value)
 
 
+class Outputs(dict[str, Any]):
+    """A step's outputs in the template context; knows its step's name for error messages."""
+
+    def __init__(self, step: str, values: Mapping[str, Any]) -> None:
+        super().__init__(values)
+        self.step = step
+
+
+class _Undefined(jinja2.StrictUndefined):
+    @property
+    def _undefined_message(self) -> str:
+        obj = self._undefined_obj
+        if isinstance(obj, Outputs):
+            have = ", ".join(sorted(obj)) or "none recorded"
+            return f"step {obj.step!r} has no output {self._undefined_name!r} (its outputs: {have})"
+        if self._undefined_hint is None and self._undefined_obj is jinja2.utils.missing:
+            return f"{self._undefined_name!r} is undefined"
+        return str(super()._undefined_message)
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> SandboxedEnvironment:
-    env = SandboxedEnvironment(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
+    env = SandboxedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
     env.filters["quote"] = _quote
     env.filters["bool"] = _bool
     return env
