@@ -42,7 +42,8 @@ CASES = [
     ("self-need", "steps:\n  - name: a\n    needs: [a]\n    run: {command: x}\n", 3, 13, "cannot need itself"),
     (
         "cycle",
-        "steps:\n  - name: a\n    needs: [b]\n    run: {command: x}\n  - name: b\n    needs: [a]\n    run: {command: y}\n",
+        "steps:\n  - name: a\n    needs: [b]\n    run: {command: x}\n"
+        "  - name: b\n    needs: [a]\n    run: {command: y}\n",
         None,
         None,
         "dependency cycle: ",
@@ -111,7 +112,13 @@ def test_alias_bomb_is_refused(project: Project) -> None:
         cur = chr(ord("a") + i)
         lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 10) + "]")
     lines.append("steps:\n  - name: s\n    run: {command: x}")
-    project.write("vars:\n" + "\n".join("  " + x if not x.startswith("steps") else x for x in lines[:-1]) + "\n" + lines[-1] + "\n")
+    project.write(
+        "vars:\n"
+        + "\n".join("  " + x if not x.startswith("steps") else x for x in lines[:-1])
+        + "\n"
+        + lines[-1]
+        + "\n"
+    )
     result = project.run("validate", timeout=30)
     assert result.code == 2, result.text
     assert "expands to more than" in result.err
