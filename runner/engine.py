@@ -375,7 +375,6 @@ class Engine:
                 except Exception as exc:  # noqa: BLE001 - reported, not raised
                     result = Result(name, "interrupted", error=str(exc))
                 results[name] = result
-            executor.shutdown(wait=True)
             raise
         finally:
             executor.shutdown(wait=True)
