@@ -36,6 +36,11 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("-f", "--file", default="pipeline.yaml", help="the pipeline file (default: pipeline.yaml)")
     common.add_argument("--var", action="append", default=[], metavar="K=V", help="override a var (repeatable)")
     common.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    # `logs -f` follows, as in docker and journalctl; there the pipeline file is `--file` only.
+    common_long = _Parser(add_help=False)
+    common_long.add_argument("--file", default="pipeline.yaml", help="the pipeline file (default: pipeline.yaml)")
+    common_long.add_argument("--var", action="append", default=[], metavar="K=V", help="override a var")
+    common_long.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def selection(p: argparse.ArgumentParser) -> None:
@@ -58,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("forget", parents=[common], help="drop a step's record so it runs next time")
     p.add_argument("step")
     p = sub.add_parser("mark-done", parents=[common], help="accept the current state of a step as done")
+    p.add_argument("step")
+    p = sub.add_parser("logs", parents=[common_long], help="show a step's log (a job's log for a detached launch)")
+    p.add_argument("step")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (Ctrl-C to stop)")
+    p = sub.add_parser("stop", parents=[common], help="stop the job a launch step started")
     p.add_argument("step")
     sub.add_parser("validate", parents=[common], help="load and check the pipeline only")
     sub.add_parser("schema", help="the JSON Schema of the pipeline file, for editors")
@@ -148,7 +158,7 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "plan":
         decisions = engine.plan()
         reporter.plan(decisions)
-        return 2 if any(d.action in ("run", "maybe") for d in decisions) else EXIT_OK
+        return 2 if any(d.action in ("run", "maybe", "pending") for d in decisions) else EXIT_OK
     if args.command == "apply":
         try:
             results = engine.apply()
@@ -175,7 +185,43 @@ def dispatch(args: argparse.Namespace) -> int:
         engine.mark_done(args.step)
         print(f"{args.step}: marked done; apply will treat it as up to date")
         return EXIT_OK
+    if args.command == "logs":
+        engine_check(engine, args.step)
+        return show_log(engine.log_of(args.step), args.step, args.follow)
+    if args.command == "stop":
+        from steps.base import StepError
+
+        engine_check(engine, args.step)
+        try:
+            print(f"{args.step}: {engine.stop(args.step)}")
+        except StepError as exc:
+            print(f"error: {args.step}: {exc.message}", file=sys.stderr)
+            if exc.hint:
+                print(f"hint: {exc.hint}", file=sys.stderr)
+            return EXIT_FAILED
+        return EXIT_OK
     raise UsageError(f"unknown command {args.command}")
+
+
+def show_log(path: Any, name: str, follow: bool) -> int:
+    import time
+
+    if path is None or not path.exists():
+        print(f"{name}: no log yet" + (f" ({path})" if path else ""), file=sys.stderr)
+        return EXIT_FAILED
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        while True:
+            chunk = fh.read(65536)
+            if chunk:
+                sys.stdout.write(chunk)
+                sys.stdout.flush()
+                continue
+            if not follow:
+                return EXIT_OK
+            try:
+                time.sleep(0.25)
+            except KeyboardInterrupt:
+                return EXIT_OK
 
 
 def engine_check(engine: Any, name: str) -> None:

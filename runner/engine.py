@@ -26,15 +26,17 @@ from runner.errors import InputError
 from runner.fingerprint import digest, spec_changes, step_fingerprint
 from runner.load import validation_errors
 from runner.model import Pipeline, StepDecl
-from runner.secrets import Masker
+from runner.secrets import Masker, SecretStore
 from runner.state import StateStore, iso, lock_holder, now, pipeline_lock
 from runner.template import Facts, Outputs, RenderError, render_data, render_string, when_source
 from runner.ui import Reporter
 from steps import kind_class
 from steps.base import Probe, StepContext, StepError, StepKind
 
-Action = Literal["run", "ok", "skip", "maybe"]
-Status = Literal["ok", "changed", "failed", "skipped", "blocked", "interrupted", "unselected"]
+Action = Literal["run", "ok", "skip", "maybe", "pending"]
+Status = Literal[
+    "ok", "changed", "failed", "skipped", "blocked", "interrupted", "unselected", "pending"
+]
 KEPT_RUNS = 20
 
 
@@ -96,6 +98,7 @@ class Engine:
         self.reporter = reporter
         self.options = options or Options()
         self.state = StateStore(pipeline.state_dir)
+        self.secrets = SecretStore(pipeline.state_dir)
         self.masker = Masker()
         for name in pipeline.secrets:
             self.masker.add(str(pipeline.vars[name]))
@@ -109,6 +112,13 @@ class Engine:
         assert graph is not None
         self.graph = graph
         self._check_names()
+
+    def load_state(self) -> None:
+        """Read state.json and the secrets file; every kept secret is masked from here on."""
+        self.state.load()
+        self.secrets.load()
+        for value in self.secrets.values():
+            self.masker.add(value)
 
     # ---- selection ------------------------------------------------------------------------------------
 
@@ -204,6 +214,8 @@ class Engine:
             record_outputs=(self.state.record(step.name) or {}).get("outputs", {}),
             cancel=self.cancel,
             mask=self.masker.mask,
+            stored_secrets=self.secrets.get(step.name),
+            notice=self.reporter.notice,
         )
         dumped = spec.model_dump(mode="json")
         spec_data = (
@@ -212,6 +224,7 @@ class Engine:
         upstream = {dep: self.digests.get(dep, "none") for dep in self.graph.deps[step.name]}
         extra = instance.fingerprint_extra(ctx)
         fingerprint = step_fingerprint(step.kind, spec_data, extra, upstream)
+        ctx.fingerprint = fingerprint
         return Prepared(step, instance, ctx, spec_data, fingerprint, upstream)
 
     # ---- deciding -------------------------------------------------------------------------------------
@@ -241,18 +254,35 @@ class Engine:
         if record.get("fingerprint") != prep.fingerprint:
             masked_spec = self.masker.mask_data(prep.spec)
             changes = spec_changes(record.get("spec"), masked_spec)
-            if changes:
-                return Decision(name, "run", "spec changed: " + "; ".join(changes), changes)
             old_up = record.get("upstream", {})
             moved = [d for d in prep.upstream if old_up.get(d) != prep.upstream[d]]
-            if moved:
-                return Decision(name, "run", "upstream changed: " + ", ".join(moved))
-            return Decision(name, "run", "inputs changed")
+            if changes:
+                decision = Decision(name, "run", "spec changed: " + "; ".join(changes), changes)
+            elif moved:
+                decision = Decision(name, "run", "upstream changed: " + ", ".join(moved))
+            else:
+                decision = Decision(name, "run", "inputs changed")
+            live = self._live_work(prep)
+            if live:
+                return Decision(
+                    name,
+                    "pending",
+                    f"restart pending ({decision.reason}); {live}; `apply --force {name}` restarts it",
+                    decision.changes,
+                )
+            return decision
         probe = self._probe(prep)
         if probe.status != "ok":
             reason = self.masker.mask(probe.reason or probe.status)
             return Decision(name, "run", reason, list(probe.changes))
         return Decision(name, "ok", probe.reason or "up to date")
+
+    def _live_work(self, prep: Prepared) -> str | None:
+        try:
+            live = prep.instance.live_work(prep.ctx)
+        except (StepError, OSError):
+            return None
+        return self.masker.mask(live) if live else None
 
     def _probe(self, prep: Prepared) -> Probe:
         try:
@@ -264,13 +294,13 @@ class Engine:
 
     def _adopt_record(self, name: str) -> None:
         record = self.state.record(name) or {}
-        self.outputs[name] = dict(record.get("outputs") or {})
+        self.outputs[name] = {**(record.get("outputs") or {}), **self.secrets.get(name)}
         self.digests[name] = str(record.get("output_digest", "none"))
 
     # ---- plan -----------------------------------------------------------------------------------------
 
     def plan(self) -> list[Decision]:
-        self.state.load()
+        self.load_state()
         holder = lock_holder(self.pipeline.state_dir)
         selected = self.selected()
         decisions: dict[str, Decision] = {}
@@ -296,7 +326,7 @@ class Engine:
                 decisions[name] = Decision(name, "skip", f"`when` is false: {step.common.when}")
                 continue
             decision = self.decide(prep, crashed_ok=holder is None)
-            if decision.action == "ok" and pending_up:
+            if decision.action in ("ok", "pending") and pending_up:
                 decision = Decision(
                     name, "maybe", f"after {', '.join(pending_up)} runs (re-runs if their outputs change)"
                 )
@@ -307,7 +337,7 @@ class Engine:
 
     def apply(self) -> list[Result]:
         with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
-            self.state.load()
+            self.load_state()
             log_dir = self.pipeline.state_dir / "logs" / self.run_id
             self._prune_logs()
             with _signals_raise():
@@ -409,9 +439,9 @@ class Engine:
             self.reporter.step_finished(result)
             return result
         decision = self.decide(prep, crashed_ok=True)
-        if decision.action == "ok":
+        if decision.action in ("ok", "pending"):
             self._adopt_record(name)
-            result = Result(name, "ok", decision.reason, time.monotonic() - started)
+            result = Result(name, decision.action, decision.reason, time.monotonic() - started)
             self.reporter.step_finished(result)
             return result
         return self._execute(prep, decision, started, log_path)
@@ -494,6 +524,11 @@ class Engine:
                 raise
             return result
         duration = time.monotonic() - started
+        secret_keys = prep.instance.secret_outputs()
+        kept = {k: str(v) for k, v in outputs.items() if k in secret_keys}
+        for value in kept.values():
+            self.masker.add(value)
+        self.secrets.put(name, kept)
         masked_outputs = self.masker.mask_data(outputs)
         assert isinstance(masked_outputs, dict)
         output_digest = digest({"fingerprint": prep.fingerprint, "outputs": outputs})
@@ -531,50 +566,75 @@ class Engine:
 
     def forget(self, name: str) -> bool:
         with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
-            self.state.load()
-            existed = self.state.record(name) is not None
+            self.load_state()
+            existed = self.state.record(name) is not None or bool(self.secrets.get(name))
             self.state.replace(name, None)
+            self.secrets.put(name, None)
             return existed
+
+    def _prepare_through(self, name: str) -> Prepared:
+        """Render one step as a run would reach it: records adopted and env steps rendered before it."""
+        for other in self.graph.order():
+            step = self.pipeline.step(other)
+            self._adopt_record(other)
+            if other == name:
+                prep = self.prepare(step)
+                if prep is None:
+                    raise InputError(f"step {name!r} is skipped (`when` is false)")
+                return prep
+            if step.kind == "env":
+                with contextlib.suppress(InputError):
+                    self.prepare(step)
+        raise InputError(f"no step named {name!r}")
 
     def mark_done(self, name: str) -> None:
         """Accept the live state as done: record the current fingerprint without running the step."""
         with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
-            self.state.load()
-            for other in self.graph.order():
-                step = self.pipeline.step(other)
-                self._adopt_record(other)
-                if other == name:
-                    prep = self.prepare(step)
-                    if prep is None:
-                        raise InputError(f"step {name!r} is skipped (`when` is false): nothing to mark")
-                    previous = self.state.record(name) or {}
-                    outputs = previous.get("outputs") or {}
-                    self.state.replace(
-                        name,
-                        {
-                            "status": "done",
-                            "kind": step.kind,
-                            "fingerprint": prep.fingerprint,
-                            "spec": self.masker.mask_data(prep.spec),
-                            "upstream": prep.upstream,
-                            "outputs": outputs,
-                            "output_digest": digest({"fingerprint": prep.fingerprint, "outputs": outputs}),
-                            "started": now(),
-                            "finished": now(),
-                            "duration": 0.0,
-                            "attempts": 0,
-                            "run": self.run_id,
-                            "reason": "marked done by hand",
-                        },
-                    )
-                    return
-                if step.kind == "env":
-                    with contextlib.suppress(InputError):
-                        self.prepare(step)
+            self.load_state()
+            prep = self._prepare_through(name)
+            previous = self.state.record(name) or {}
+            outputs = previous.get("outputs") or {}
+            self.state.replace(
+                name,
+                {
+                    "status": "done",
+                    "kind": prep.step.kind,
+                    "fingerprint": prep.fingerprint,
+                    "spec": self.masker.mask_data(prep.spec),
+                    "upstream": prep.upstream,
+                    "outputs": outputs,
+                    "output_digest": digest({"fingerprint": prep.fingerprint, "outputs": outputs}),
+                    "started": now(),
+                    "finished": now(),
+                    "duration": 0.0,
+                    "attempts": 0,
+                    "run": self.run_id,
+                    "reason": "marked done by hand",
+                },
+            )
+
+    def stop(self, name: str) -> str:
+        """Stop what a step started (a detached job). Raises StepError when there is nothing to stop."""
+        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
+            self.load_state()
+            prep = self._prepare_through(name)
+            return self.masker.mask(prep.instance.stop(prep.ctx))
+
+    def log_of(self, name: str) -> Path | None:
+        """The log to show for a step: what it started (a job's log), else its last run's step log."""
+        self.load_state()
+        with contextlib.suppress(InputError, StepError):
+            prep = self._prepare_through(name)
+            path = prep.instance.log_file(prep.ctx)
+            if path is not None:
+                return path
+        record = self.state.record(name) or {}
+        log = record.get("log")
+        return Path(log) if isinstance(log, str) and log else None
 
     def exported_env(self) -> dict[str, str]:
         """Every variable the env steps export, rendered with the recorded outputs."""
-        self.state.load()
+        self.load_state()
         merged: dict[str, str] = {}
         for name in self.graph.order():
             step = self.pipeline.step(name)

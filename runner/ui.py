@@ -16,6 +16,7 @@ MARKS = {
     "skipped": "skipped",
     "blocked": "blocked",
     "interrupted": "interrupted",
+    "pending": "pending",
 }
 
 
@@ -62,7 +63,9 @@ class Reporter:
         line = f"{mark:<8} {result.name:<{self.width}}"
         if result.status in ("changed", "failed", "interrupted") or result.duration >= 0.05:
             line += f" {fmt_duration(result.duration):>7}"
-        if result.status in ("skipped", "blocked"):
+        if result.status in ("skipped", "blocked", "pending") or (
+            result.status == "ok" and result.reason and result.reason != "up to date"
+        ):
             line += f" {result.reason}"
         self._print(line)
         if result.status in ("failed", "interrupted"):
@@ -79,7 +82,7 @@ class Reporter:
 
     def recap(self, results: list[Result]) -> None:
         counts = dict.fromkeys(("ok", "changed", "failed", "skipped"), 0)
-        blocked = 0
+        blocked = pending = 0
         for r in results:
             if r.status in counts:
                 counts[r.status] += 1
@@ -87,17 +90,23 @@ class Reporter:
                 counts["failed"] += 1
             elif r.status == "blocked":
                 blocked += 1
+            elif r.status == "pending":
+                pending += 1
         text = " ".join(f"{k}={v}" for k, v in counts.items())
         if blocked:
             text += f" blocked={blocked}"
+        if pending:
+            text += f" restart-pending={pending}"
         self._print(f"recap: {text}")
 
     def plan(self, decisions: list[Decision]) -> None:
-        symbols = {"run": "+ run  ", "ok": "  ok   ", "skip": "  skip ", "maybe": "~ maybe"}
+        symbols = {"run": "+ run  ", "ok": "  ok   ", "skip": "  skip ", "maybe": "~ maybe", "pending": "! hold "}
         for d in decisions:
             self._print(f"{symbols[d.action]} {d.name:<{self.width}} {d.reason}")
         pending = sum(1 for d in decisions if d.action in ("run", "maybe"))
-        if pending:
-            self._print(f"plan: {pending} step(s) to run, {len(decisions) - pending} unchanged")
+        held = sum(1 for d in decisions if d.action == "pending")
+        if pending or held:
+            text = f"plan: {pending} step(s) to run, {len(decisions) - pending - held} unchanged"
+            self._print(text + (f", {held} restart(s) pending (--force)" if held else ""))
         else:
             self._print("plan: nothing to do")

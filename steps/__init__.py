@@ -17,6 +17,13 @@ KINDS: dict[str, str] = {
     "run": "steps.run:RunStep",
     "env": "steps.env:EnvStep",
     "assert": "steps.checks:AssertStep",
+    "docker": "steps.docker:DockerStep",
+    "git": "steps.git:GitStep",
+    "pip": "steps.pip:PipStep",
+    "launch": "steps.launch:LaunchStep",
+    "wait": "steps.wait:WaitStep",
+    "capture": "steps.capture:CaptureStep",
+    "secret": "steps.secret:SecretStep",
 }
 
 

@@ -85,6 +85,9 @@ class StepContext:
     on_output: Callable[[str], None] = lambda line: None
     cancel: threading.Event = field(default_factory=threading.Event)
     mask: Callable[[str], str] = lambda text: text  # hides secret values in anything written out
+    fingerprint: str = ""  # the fingerprint this run records, for kinds that tag what they create with it
+    stored_secrets: Mapping[str, str] = field(default_factory=dict)  # this step's secret outputs, kept last time
+    notice: Callable[[str], None] = lambda message: None  # a one-line message to the user
 
     def resolve(self, path: str) -> Path:
         """A path relative to the pipeline file's directory (absolute paths stay as they are)."""
@@ -123,3 +126,23 @@ class StepKind:
     def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
         """Extra inputs of the fingerprint (e.g. content hashes of input files)."""
         return {}
+
+    def secret_outputs(self) -> frozenset[str]:
+        """Output keys whose values are secrets: kept in the 0600 secrets file, masked everywhere else."""
+        return frozenset()
+
+    def live_work(self, ctx: StepContext) -> str | None:
+        """Live work a re-run would disrupt (a running job): its description, or None.
+
+        When a changed spec or upstream would re-run the step while this returns a description, the engine
+        reports "restart pending" and leaves it alone unless the step is forced.
+        """
+        return None
+
+    def stop(self, ctx: StepContext) -> str:
+        """Stop what the step started (`runner stop STEP`); returns what was done."""
+        raise StepError(f"a {self.kind} step has nothing to stop")
+
+    def log_file(self, ctx: StepContext) -> Path | None:
+        """Where the output of what this step started goes, when not in the run's step log (`runner logs`)."""
+        return None

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 from steps.files import content_digest, expand
@@ -35,6 +35,12 @@ class RunSpec(SpecModel):
         default_factory=list,
         description="Paths or globs whose content is hashed into the fingerprint: a change re-runs the step.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        """`run: "make data"` is short for `run: {command: "make data"}`."""
+        return {"command": value} if isinstance(value, (str, list)) else value
 
     @field_validator("env", mode="before")
     @classmethod

@@ -1,0 +1,114 @@
+"""capture: run a command (on this host or inside a container) and keep its stripped stdout as `value`.
+
+Example — the tutorial's way to get the AgentENV key::
+
+    - name: aenv-key
+      capture:
+        container: "{{ steps.aenv.container_id }}"    # docker exec; the reference re-captures on a recreate
+        command: [cat, /workspace/env/secrets/api-key]
+        secret: true
+
+With `secret: true` the value is kept in `.runner/secrets.json` (0600) and masked everywhere else; the
+command's output never reaches the step log. A captured value is kept until the spec or an upstream step
+changes: a converged apply runs nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
+from steps.process import run_process
+
+
+class CaptureSpec(SpecModel):
+    command: str | list[str] = Field(description="The command. A list is argv (no shell); a string runs under `sh -c`.")
+    container: str | None = Field(None, description="Run it inside this container (name or id), as `docker exec`.")
+    host: str | None = Field(None, description="Docker Engine for `container` (default: DOCKER_HOST, else the socket).")
+    cwd: str | None = Field(None, description="Working directory (on the host, or inside the container).")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
+    secret: bool = Field(False, description="The value is a secret: kept 0600, masked in all output and state.")
+    allow_empty: bool = Field(False, description="Accept an empty output (by default it is an error).")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value: Any) -> Any:
+        return env_mapping(value)
+
+    @field_validator("command")
+    @classmethod
+    def _not_empty(cls, value: str | list[str]) -> str | list[str]:
+        if (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
+            raise ValueError("the command is empty")
+        return value
+
+
+class CaptureStep(StepKind):
+    kind = "capture"
+    Spec = CaptureSpec
+
+    @property
+    def capture_spec(self) -> CaptureSpec:
+        assert isinstance(self.spec, CaptureSpec)
+        return self.spec
+
+    def secret_outputs(self) -> frozenset[str]:
+        return frozenset({"value"}) if self.capture_spec.secret else frozenset()
+
+    def probe(self, ctx: StepContext) -> Probe:
+        if self.capture_spec.secret and "value" not in ctx.stored_secrets:
+            return Probe.missing("the captured secret is not in .runner/secrets.json")
+        return Probe.ok()
+
+    def apply(self, ctx: StepContext) -> dict[str, Any]:
+        spec = self.capture_spec
+        argv = ["/bin/sh", "-c", spec.command] if isinstance(spec.command, str) else list(spec.command)
+        shown = spec.command if isinstance(spec.command, str) else " ".join(spec.command)
+        if spec.container:
+            code, out = self._exec(ctx, argv)
+        else:
+            quiet = ctx if not spec.secret else _quiet(ctx)
+            cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
+            result = run_process(argv, quiet, cwd=cwd, env={**ctx.env, **spec.env})
+            code, out = result.returncode, result.stdout
+        value = out.strip()
+        if code != 0:
+            tail = "" if spec.secret else ctx.mask(value[-2000:])
+            where = f" in container {spec.container}" if spec.container else ""
+            raise StepError(f"command exited with code {code}{where}: {shown}", output_tail=tail)
+        if not value and not spec.allow_empty:
+            raise StepError(f"the command printed nothing: {shown}", hint="set `allow_empty: true` if that is fine")
+        return {"value": value}
+
+    def _exec(self, ctx: StepContext, argv: list[str]) -> tuple[int, str]:
+        import docker.errors
+
+        from steps.docker_engine import api_error_text, connect
+
+        spec = self.capture_spec
+        client, address = connect(spec.host, ctx.env)
+        try:
+            container = client.containers.get(spec.container)
+            if container.status != "running":
+                raise StepError(f"container {spec.container} on {address} is {container.status}, not running")
+            code, out = container.exec_run(argv, workdir=spec.cwd, environment=spec.env or None, demux=True)
+        except docker.errors.NotFound:
+            raise StepError(f"no container {spec.container!r} on {address}") from None
+        except docker.errors.APIError as exc:
+            raise StepError(f"docker exec in {spec.container} failed: {api_error_text(exc)}") from None
+        finally:
+            client.close()
+        stdout, stderr = out if isinstance(out, tuple) else (out, b"")
+        text = (stdout or b"").decode("utf-8", errors="replace")
+        if code != 0 and not spec.secret and stderr:
+            text += stderr.decode("utf-8", errors="replace")
+        return int(code or 0), text
+
+
+def _quiet(ctx: StepContext) -> StepContext:
+    """A context whose process output goes nowhere: a secret never reaches the log."""
+    from dataclasses import replace
+
+    return replace(ctx, log_path=None, on_output=lambda line: None)

@@ -1,0 +1,440 @@
+"""docker: one container, converged the way the tutorial runs AgentENV.
+
+Example::
+
+    - name: aenv
+      docker:
+        name: aenv
+        image: ghcr.io/kvcache-ai/aenv-server:latest
+        pull: missing            # missing | always | never
+        privileged: true
+        volumes: ["/dev:/dev"]
+        ports: ["8000:8000", "80:8000"]   # two host ports onto one container port
+        env: {AENV_SANDBOX_PROXY_DOMAINS: "{{ facts.host_ip_dashed }}.sslip.io"}
+        wait: {http: "http://127.0.0.1:8000/health", timeout: 900}
+
+The container carries a label with the hash of the fields that need a recreate (canonical and versioned, like
+docker compose's config-hash) and one with those fields themselves (secrets masked), so a probe can say which
+field drifted. Probe: the container exists, runs, carries the hash of this spec, and runs the image the name
+resolves to now (locally: a converged apply never pulls). Apply: pull when needed, stop and remove a drifted
+container, create, start, wait until ready. A stopped container is recreated; one that matches is left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field, field_validator
+
+from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
+from steps.docker_engine import api_error_text, connect, engine_address
+from steps.waiting import Readiness, wait_ready
+
+if TYPE_CHECKING:
+    import docker
+    from docker.models.containers import Container
+
+CONFIG_VERSION = 1
+HASH_LABEL = "runner.config-hash"
+CONFIG_LABEL = "runner.config"
+STEP_LABEL = "runner.step"
+START_GRACE = 0.5  # seconds a container must stay up after start when there is no readiness wait
+LOG_TAIL = 20
+
+PORT_RE = re.compile(r"^(?:(?P<ip>\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-fA-F:]+\]):)?(?:(?P<host>\d+):)?(?P<cport>\d+)(?:/(?P<proto>tcp|udp|sctp))?$")
+RESTART_RE = re.compile(r"^(no|always|unless-stopped|on-failure(:\d+)?)$")
+
+
+def parse_port(text: str) -> tuple[str, str | None, int | None]:
+    """'[ip:][host:]container[/proto]' -> ('8000/tcp', ip or None, host port or None)."""
+    m = PORT_RE.match(text.strip())
+    if not m:
+        raise ValueError(f"{text!r} is not a port mapping: expected [ip:]host:container[/tcp|udp], like 8000:8000")
+    cport = int(m["cport"])
+    host = int(m["host"]) if m["host"] else None
+    for port in (cport, host):
+        if port is not None and not 0 < port < 65536:
+            raise ValueError(f"{text!r}: port {port} is outside 1-65535")
+    ip = m["ip"].strip("[]") if m["ip"] else None
+    return f"{cport}/{m['proto'] or 'tcp'}", ip, host
+
+
+class DockerSpec(SpecModel):
+    name: str = Field(
+        pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$", description="The container's name: one container of this name."
+    )
+    image: str = Field(min_length=1, description="The image, e.g. ghcr.io/kvcache-ai/aenv-server:latest.")
+    pull: Literal["missing", "always", "never"] = Field(
+        "missing", description="Pull when the image is not present (missing), on every run of the step, or never."
+    )
+    command: str | list[str] | None = Field(None, description="Command (a string is split like a shell would).")
+    entrypoint: str | list[str] | None = Field(None, description="Override the image's entrypoint.")
+    env: dict[str, str] = Field(default_factory=dict, description="Environment variables of the container.")
+    ports: list[str] = Field(
+        default_factory=list, description="Published ports, `[ip:]host:container[/proto]`; several hosts may share one."
+    )
+    volumes: list[str] = Field(
+        default_factory=list, description="Mounts, `host-path-or-volume:container-path[:ro]`; ./x is the pipeline's."
+    )
+    privileged: bool = Field(False, description="Run privileged (AgentENV needs it for /dev/kvm and ublk).")
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra labels on the container.")
+    restart: str = Field("no", description="Restart policy: no, always, unless-stopped, on-failure[:N].")
+    network: str | None = Field(None, description="Network mode: bridge (default), host, none, or a network name.")
+    host: str | None = Field(
+        None, description="Docker Engine address (unix://, tcp://, ssh://); default DOCKER_HOST, else the socket."
+    )
+    wait: Readiness | None = Field(None, description="Readiness check after start: `http` URL or `tcp` host:port.")
+    stop_timeout: float = Field(10, ge=0, description="Seconds to wait for a graceful stop before a recreate kills it.")
+
+    @field_validator("env", "labels", mode="before")
+    @classmethod
+    def _strings(cls, value: Any) -> Any:
+        return env_mapping(value)
+
+    @field_validator("ports")
+    @classmethod
+    def _ports(cls, value: list[str]) -> list[str]:
+        for item in value:
+            parse_port(item)
+        return value
+
+    @field_validator("volumes")
+    @classmethod
+    def _volumes(cls, value: list[str]) -> list[str]:
+        for item in value:
+            parts = item.split(":")
+            if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+                raise ValueError(f"{item!r} is not a mount: expected source:/container/path[:ro|rw]")
+            if not parts[1].startswith("/"):
+                raise ValueError(f"{item!r}: the container path must be absolute")
+        return value
+
+    @field_validator("restart")
+    @classmethod
+    def _restart(cls, value: str) -> str:
+        if not RESTART_RE.match(value):
+            raise ValueError(f"{value!r} is not a restart policy: no, always, unless-stopped or on-failure[:N]")
+        return value
+
+
+def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            for sub in sorted(set(a) | set(b)):
+                if a.get(sub) != b.get(sub):
+                    changes.append(f"{key}.{sub}: {_show(a.get(sub))} -> {_show(b.get(sub))}")
+        else:
+            changes.append(f"{key}: {_show(a)} -> {_show(b)}")
+    return changes
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(none)"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value) or "[]"
+    return str(value)
+
+
+class DockerStep(StepKind):
+    kind = "docker"
+    Spec = DockerSpec
+    cosmetic_fields = frozenset({"stop_timeout"})
+
+    @property
+    def docker_spec(self) -> DockerSpec:
+        assert isinstance(self.spec, DockerSpec)
+        return self.spec
+
+    # ---- the config that needs a recreate ----------------------------------------------------------------
+
+    def config(self, ctx: StepContext) -> dict[str, Any]:
+        spec = self.docker_spec
+        return {
+            "image": spec.image,
+            "command": spec.command,
+            "entrypoint": spec.entrypoint,
+            "env": dict(sorted(spec.env.items())),
+            "ports": list(spec.ports),
+            "volumes": [self._volume(ctx, v) for v in spec.volumes],
+            "privileged": spec.privileged,
+            "labels": dict(sorted(spec.labels.items())),
+            "restart": spec.restart,
+            "network": spec.network,
+        }
+
+    def config_hash(self, ctx: StepContext) -> str:
+        from runner.fingerprint import digest
+
+        return f"v{CONFIG_VERSION}:" + digest({"v": CONFIG_VERSION, **self.config(ctx)})
+
+    def _volume(self, ctx: StepContext, item: str) -> str:
+        source, _, rest = item.partition(":")
+        if source.startswith(("./", "../", "~")) or source in (".", ".."):
+            source = str(ctx.resolve(source).resolve())
+        return f"{source}:{rest}"
+
+    # ---- probe ----------------------------------------------------------------------------------------
+
+    def probe(self, ctx: StepContext) -> Probe:
+        import docker.errors
+
+        spec = self.docker_spec
+        client, address = connect(spec.host, ctx.env, ping=False)
+        try:
+            try:
+                container = client.containers.get(spec.name)
+            except docker.errors.NotFound:
+                return Probe.missing(f"no container named {spec.name} on {address}")
+            drift = self._drift(ctx, client, container)
+            if drift:
+                return Probe.drift(drift[0], tuple(drift[1]))
+            return Probe.ok()
+        except docker.errors.APIError as exc:
+            raise StepError(f"Docker Engine at {address}: {api_error_text(exc)}") from None
+        finally:
+            client.close()
+
+    def _drift(self, ctx: StepContext, client: docker.DockerClient, container: Container) -> tuple[str, list[str]] | None:
+        """Why the container does not match the spec (reason, field changes), or None when it does."""
+        import docker.errors
+
+        labels = container.labels or {}
+        if labels.get(HASH_LABEL) != self.config_hash(ctx):
+            if HASH_LABEL not in labels:
+                return f"container {container.name} was not created by runner (no {HASH_LABEL} label)", []
+            try:
+                old = json.loads(labels.get(CONFIG_LABEL, "{}"))
+            except ValueError:
+                old = {}
+            new = self._masked_config(ctx)
+            changes = _changes(old, new) if isinstance(old, dict) else []
+            return "container config drifted: " + ("; ".join(changes) if changes else "its config hash differs"), changes
+        state = container.attrs.get("State", {})
+        if container.status != "running":
+            detail = f" (exit code {state.get('ExitCode')})" if container.status == "exited" else ""
+            return f"container {container.name} is {container.status}{detail}, not running", []
+        try:
+            image = client.images.get(self.docker_spec.image)
+        except docker.errors.ImageNotFound:
+            return None  # the tag was removed locally; the container still runs what it was made from
+        if image.id != container.attrs.get("Image"):
+            return (
+                f"image: {self.docker_spec.image} now resolves to {image.id[:19]}, the container runs "
+                f"{str(container.attrs.get('Image'))[:19]}",
+                [f"image: {str(container.attrs.get('Image'))[7:19]} -> {image.id[7:19]}"],
+            )
+        return None
+
+    def _masked_config(self, ctx: StepContext) -> dict[str, Any]:
+        masked: dict[str, Any] = json.loads(ctx.mask(json.dumps(self.config(ctx))))
+        return masked
+
+    # ---- apply ----------------------------------------------------------------------------------------
+
+    def apply(self, ctx: StepContext) -> dict[str, Any]:
+        import docker.errors
+
+        spec = self.docker_spec
+        client, address = connect(spec.host, ctx.env)
+        try:
+            try:
+                existing: Container | None = client.containers.get(spec.name)
+            except docker.errors.NotFound:
+                existing = None
+            image = self._ensure_image(ctx, client, address)
+            if existing is not None:
+                drift = self._drift(ctx, client, existing)
+                if drift is None:
+                    ctx.on_output(f"container {spec.name} matches the spec and runs: not recreated")
+                    container = existing
+                else:
+                    ctx.on_output(f"recreating {spec.name}: {drift[0]}")
+                    self._remove(existing, spec.stop_timeout)
+                    container = self._create_and_start(ctx, client, address, image.id)
+            else:
+                container = self._create_and_start(ctx, client, address, image.id)
+            self._await_ready(ctx, container, address)
+            container.reload()
+            return {
+                "container_id": container.id,
+                "name": spec.name,
+                "image_id": container.attrs.get("Image", image.id),
+                "ports": _published(container),
+                "host": address,
+            }
+        except docker.errors.APIError as exc:
+            raise StepError(f"Docker Engine at {address}: {api_error_text(exc)}") from None
+        finally:
+            client.close()
+
+    def _ensure_image(self, ctx: StepContext, client: docker.DockerClient, address: str) -> Any:
+        import docker.errors
+
+        spec = self.docker_spec
+        local = None
+        try:
+            local = client.images.get(spec.image)
+        except docker.errors.ImageNotFound:
+            pass
+        if local is not None and spec.pull != "always":
+            return local
+        if spec.pull == "never":
+            raise StepError(
+                f"image {spec.image} is not on the engine at {address}, and `pull: never`",
+                hint="load it there (docker load / docker pull), or set `pull: missing`",
+            )
+        try:
+            self._pull(ctx, client)
+            return client.images.get(spec.image)
+        except (docker.errors.APIError, docker.errors.ImageNotFound) as exc:
+            if local is not None:
+                ctx.notice(f"{ctx.name}: pulling {spec.image} failed ({api_error_text(exc)}); using the local image")
+                return local
+            raise StepError(
+                f"image {spec.image} is not on the engine at {address} and pulling it failed: {api_error_text(exc)}",
+                hint="check the image name and tag, the registry login (docker login), and the engine's network",
+            ) from None
+
+    def _pull(self, ctx: StepContext, client: docker.DockerClient) -> None:
+        from docker.utils import parse_repository_tag
+
+        repo, tag = parse_repository_tag(self.docker_spec.image)
+        ctx.on_output(f"pulling {self.docker_spec.image}")
+        for event in client.api.pull(repo, tag=tag or "latest", stream=True, decode=True):
+            if "error" in event:
+                import docker.errors
+
+                raise docker.errors.APIError(str(event["error"]), explanation=str(event["error"]))
+            status = event.get("status")
+            if status and "progress" not in event:
+                ctx.on_output(f"{event.get('id', '')} {status}".strip())
+            if ctx.cancel.is_set():
+                raise StepError("interrupted while pulling " + self.docker_spec.image)
+
+    def _remove(self, container: Container, stop_timeout: float) -> None:
+        import docker.errors
+
+        try:
+            if container.status == "running":
+                container.stop(timeout=int(stop_timeout))
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+    def _create_and_start(
+        self, ctx: StepContext, client: docker.DockerClient, address: str, image_id: str
+    ) -> Container:
+        import docker.errors
+
+        spec = self.docker_spec
+        ports: dict[str, list[Any]] = {}
+        for item in spec.ports:
+            key, ip, host = parse_port(item)
+            ports.setdefault(key, []).append((ip, host) if ip else host)
+        labels = {
+            **spec.labels,
+            HASH_LABEL: self.config_hash(ctx),
+            CONFIG_LABEL: json.dumps(self._masked_config(ctx), sort_keys=True),
+            STEP_LABEL: ctx.name,
+        }
+        restart: dict[str, Any] | None = None
+        if spec.restart != "no":
+            policy, _, count = spec.restart.partition(":")
+            restart = {"Name": policy, **({"MaximumRetryCount": int(count)} if count else {})}
+        try:
+            container = client.containers.create(
+                spec.image,
+                command=spec.command,
+                entrypoint=spec.entrypoint,
+                name=spec.name,
+                environment=spec.env,
+                ports=ports,
+                volumes=[self._volume(ctx, v) for v in spec.volumes],
+                privileged=spec.privileged,
+                labels=labels,
+                restart_policy=restart,
+                network_mode=spec.network,
+                detach=True,
+            )
+        except docker.errors.APIError as exc:
+            text = api_error_text(exc)
+            if "Conflict" in str(exc) or "already in use" in text:
+                raise StepError(
+                    f"a container named {spec.name} appeared on {address} while this step ran: {text}",
+                    hint="another tool or apply created it; run apply again to converge it",
+                ) from None
+            raise StepError(f"creating container {spec.name} on {address} failed: {text}") from None
+        ctx.on_output(f"created {spec.name} ({container.id[:12]})")
+        try:
+            container.start()
+        except docker.errors.APIError as exc:
+            text = api_error_text(exc)
+            kept = f"the container is left created for `docker inspect {spec.name}`; the next apply recreates it"
+            if "port is already allocated" in text or "address already in use" in text:
+                port = re.search(r"(?:0\.0\.0\.0|\[::\]|[\d.]+):(\d+)", text)
+                which = f"host port {port.group(1)}" if port else "a host port"
+                raise StepError(
+                    f"{which} is already in use on {address}: {text}",
+                    hint=f"free it or change `ports:`; {kept}",
+                ) from None
+            raise StepError(f"container {spec.name} failed to start on {address}: {text}", hint=kept) from None
+        return container
+
+    def _await_ready(self, ctx: StepContext, container: Container, address: str) -> None:
+        spec = self.docker_spec
+
+        def exited() -> str | None:
+            container.reload()
+            if container.status in ("running", "created", "restarting"):
+                return None
+            code = container.attrs.get("State", {}).get("ExitCode")
+            raise StepError(
+                f"container {spec.name} exited at start (exit code {code}) on {address}",
+                hint=f"`docker logs {spec.name}` has its full output; fix its command, env or image",
+                output_tail=ctx.mask(_logs_tail(container)),
+            )
+
+        if spec.wait is None:
+            deadline = time.monotonic() + START_GRACE
+            while time.monotonic() < deadline:
+                exited()
+                if ctx.cancel.wait(0.1):
+                    raise StepError("interrupted")
+            exited()
+            return
+        ctx.on_output(f"waiting for {spec.wait.target} (up to {spec.wait.timeout:g}s)")
+        try:
+            wait_ready(spec.wait, ctx.cancel, alive=exited, on_attempt=ctx.on_output)
+        except StepError as exc:
+            if not exc.output_tail:
+                exc.output_tail = ctx.mask(_logs_tail(container))
+            raise
+
+
+def _logs_tail(container: Container) -> str:
+    try:
+        raw = container.logs(tail=LOG_TAIL)
+    except Exception:  # noqa: BLE001 - the logs are extra information only
+        return ""
+    return raw.decode("utf-8", errors="replace").rstrip() if isinstance(raw, bytes) else str(raw)
+
+
+def _published(container: Container) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for key, bindings in (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).items():
+        for b in bindings or []:
+            text = f"{b.get('HostIp') or '0.0.0.0'}:{b.get('HostPort')}"
+            if text not in out.setdefault(key, []):
+                out[key].append(text)
+    return {key: sorted(values) for key, values in sorted(out.items())}
+
+
+__all__ = ["DockerSpec", "DockerStep", "engine_address", "parse_port"]

@@ -1,0 +1,244 @@
+"""The docker kind against a real Docker Engine (a private dockerd, the busybox image made by `docker import`)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.conftest import BUSYBOX_IMAGE, Project, free_port
+
+
+def _name(client: Any) -> str:
+    name = f"rt-{uuid.uuid4().hex[:8]}"
+    client.test_names.append(name)
+    return name
+
+
+def _server(project: Project, name: str, port: int, env: str = "A: '1'", extra: str = "") -> None:
+    project.write(
+        f"""
+        steps:
+          - name: web
+            docker:
+              name: {name}
+              image: {BUSYBOX_IMAGE}
+              pull: never
+              command: [httpd, -f, -p, "8000", -h, /www]
+              ports: ["127.0.0.1:{port}:8000"]
+              env: {{{env}}}
+              wait: {{http: "http://127.0.0.1:{port}/health", timeout: 20, interval: 0.2}}
+              stop_timeout: 1
+        {extra}
+        """
+    )
+
+
+def _containers(client: Any, name: str) -> list[Any]:
+    return [c for c in client.containers.list(all=True) if c.name == name]
+
+
+def test_converge_then_noop_then_one_recreate_per_drift(project: Project, docker_client: Any) -> None:
+    name = _name(docker_client)
+    port = free_port()
+    _server(project, name, port)
+    first = project.run("apply")
+    assert first.code == 0, first.text
+    assert "changed  web" in first.out
+    container = docker_client.containers.get(name)
+    assert container.status == "running"
+    assert container.labels["runner.config-hash"].startswith("v1:")
+    assert container.attrs["Config"]["Env"].count("A=1") == 1
+    record = json.loads((project.path / ".runner/state.json").read_text())["steps"]["web"]
+    assert record["outputs"]["container_id"] == container.id
+    assert record["outputs"]["ports"] == {"8000/tcp": [f"127.0.0.1:{port}"]}
+
+    again = project.run("apply")
+    assert again.code == 0, again.text
+    assert "ok       web" in again.out
+    assert docker_client.containers.get(name).id == container.id  # not recreated
+
+    _server(project, name, port, env="A: '2'")
+    plan = project.run("plan")
+    assert plan.code == 2
+    assert 'env.A: "1" -> "2"' in plan.out
+    drifted = project.run("apply")
+    assert drifted.code == 0, drifted.text
+    live = _containers(docker_client, name)
+    assert len(live) == 1 and live[0].id != container.id
+    assert "A=2" in live[0].attrs["Config"]["Env"]
+
+    port2 = free_port()
+    _server(project, name, port2, env="A: '2'")
+    moved = project.run("apply")
+    assert moved.code == 0, moved.text
+    live2 = _containers(docker_client, name)
+    assert len(live2) == 1 and live2[0].id != live[0].id
+    assert live2[0].attrs["HostConfig"]["PortBindings"]["8000/tcp"][0]["HostPort"] == str(port2)
+    assert project.run("apply").out.count("ok       web") == 1
+
+
+def test_stopped_by_hand_is_brought_back(project: Project, docker_client: Any) -> None:
+    name = _name(docker_client)
+    port = free_port()
+    _server(project, name, port)
+    assert project.run("apply").code == 0
+    docker_client.containers.get(name).stop(timeout=1)
+    plan = project.run("plan")
+    assert plan.code == 2 and "not running" in plan.out
+    result = project.run("apply")
+    assert result.code == 0, result.text
+    assert docker_client.containers.get(name).status == "running"
+    assert len(_containers(docker_client, name)) == 1
+
+
+def test_two_host_ports_onto_one_container_port(project: Project, docker_client: Any) -> None:
+    name = _name(docker_client)
+    a, b = free_port(), free_port()
+    project.write(
+        f"""
+        steps:
+          - name: web
+            docker:
+              name: {name}
+              image: {BUSYBOX_IMAGE}
+              command: [httpd, -f, -p, "8000", -h, /www]
+              ports: ["127.0.0.1:{a}:8000", "127.0.0.1:{b}:8000"]
+              wait: {{tcp: "127.0.0.1:{b}", timeout: 20, interval: 0.2}}
+          - name: show
+            run: "echo {{{{ steps.web.ports['8000/tcp'] | join(',') }}}} > ports.txt"
+        """
+    )
+    result = project.run("apply")
+    assert result.code == 0, result.text
+    shown = (project.path / "ports.txt").read_text().strip().split(",")
+    assert sorted(shown) == sorted([f"127.0.0.1:{a}", f"127.0.0.1:{b}"])
+
+
+def test_host_port_in_use(project: Project, docker_client: Any) -> None:
+    name = _name(docker_client)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        _server(project, name, port)
+        result = project.run("apply")
+    assert result.code == 1
+    assert f"host port {port} is already in use" in result.out
+    assert "Traceback" not in result.text
+
+
+def test_container_that_exits_at_start_shows_its_logs(project: Project, docker_client: Any) -> None:
+    name = _name(docker_client)
+    project.write(
+        f"""
+        steps:
+          - name: crashy
+            docker:
+              name: {name}
+              image: {BUSYBOX_IMAGE}
+              command: [sh, -c, "echo missing config file >&2; exit 3"]
+        """
+    )
+    result = project.run("apply")
+    assert result.code == 1
+    assert "exited at start (exit code 3)" in result.out
+    assert "missing config file" in result.out
+
+
+def test_readiness_timeout_shows_last_answer(project: Project, docker_client: Any) -> None:
+    name = _name(docker_client)
+    port = free_port()
+    project.write(
+        f"""
+        steps:
+          - name: slow
+            docker:
+              name: {name}
+              image: {BUSYBOX_IMAGE}
+              command: [httpd, -f, -p, "8000", -h, /www]
+              ports: ["127.0.0.1:{port}:8000"]
+              wait: {{http: "http://127.0.0.1:{port}/not-there", timeout: 2, interval: 0.3}}
+        """
+    )
+    result = project.run("apply")
+    assert result.code == 1
+    assert "not ready after 2s" in result.out
+    assert "last answer: HTTP 404" in result.out
+
+
+def test_privileged_reaches_host_config(project: Project, docker_client: Any) -> None:
+    name = _name(docker_client)
+    project.write(
+        f"""
+        steps:
+          - name: priv
+            docker:
+              name: {name}
+              image: {BUSYBOX_IMAGE}
+              command: [sleep, "600"]
+              privileged: true
+              volumes: ["/dev:/dev"]
+              restart: unless-stopped
+        """
+    )
+    result = project.run("apply")
+    # Privileged containers may fail to start on these machines ("unable to apply caps"); either way the
+    # container was created with the privileged host config, and a failure says what happened.
+    container = docker_client.containers.get(name)
+    assert container.attrs["HostConfig"]["Privileged"] is True
+    assert container.attrs["HostConfig"]["RestartPolicy"]["Name"] == "unless-stopped"
+    assert "/dev:/dev" in container.attrs["HostConfig"]["Binds"]
+    if result.code != 0:
+        assert "failed to start" in result.out and "docker inspect" in result.out
+
+
+def test_no_engine_says_where_it_looked(project: Project) -> None:
+    project.write(
+        f"""
+        steps:
+          - name: web
+            docker: {{name: x, image: {BUSYBOX_IMAGE}, host: "unix:///nonexistent/docker.sock"}}
+        """
+    )
+    result = project.run("apply")
+    assert result.code == 1
+    assert "cannot reach the Docker Engine at unix:///nonexistent/docker.sock" in result.out
+    assert "Traceback" not in result.text
+
+
+@pytest.mark.parametrize("pull", ["never", "missing"])
+def test_image_missing(project: Project, docker_client: Any, pull: str) -> None:
+    name = _name(docker_client)
+    project.write(
+        f"""
+        steps:
+          - name: web
+            docker: {{name: {name}, image: "runner-test/no-such-image:0", pull: {pull}}}
+        """
+    )
+    result = project.run("apply")
+    assert result.code == 1
+    if pull == "never":
+        assert "is not on the engine" in result.out and "pull: never" in result.out
+    else:
+        assert "pulling it failed" in result.out
+
+
+def test_bad_port_spec_is_an_input_error(project: Project) -> None:
+    project.write(
+        """
+        steps:
+          - name: web
+            docker:
+              name: x
+              image: busybox
+              ports: ["8000:99999"]
+        """
+    )
+    result = project.run("validate")
+    assert result.code == 2
+    assert "pipeline.yaml:6:" in result.err and "outside 1-65535" in result.err
