@@ -34,9 +34,7 @@ from steps import kind_class
 from steps.base import Probe, StepContext, StepError, StepKind
 
 Action = Literal["run", "ok", "skip", "maybe", "pending"]
-Status = Literal[
-    "ok", "changed", "failed", "skipped", "blocked", "interrupted", "unselected", "pending"
-]
+Status = Literal["ok", "changed", "failed", "skipped", "blocked", "interrupted", "unselected", "pending"]
 KEPT_RUNS = 20
 
 

@@ -71,9 +71,7 @@ class SecretStore:
         except json.JSONDecodeError:
             raise StateError(f"{self.path} is not valid JSON; move it away (generated secrets will change)") from None
         if isinstance(data, dict):
-            self.data = {
-                str(k): {str(a): str(b) for a, b in v.items()} for k, v in data.items() if isinstance(v, dict)
-            }
+            self.data = {str(k): {str(a): str(b) for a, b in v.items()} for k, v in data.items() if isinstance(v, dict)}
         return self
 
     def values(self) -> list[str]:

@@ -44,7 +44,10 @@ STEP_LABEL = "runner.step"
 START_GRACE = 0.5  # seconds a container must stay up after start when there is no readiness wait
 LOG_TAIL = 20
 
-PORT_RE = re.compile(r"^(?:(?P<ip>\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-fA-F:]+\]):)?(?:(?P<host>\d+):)?(?P<cport>\d+)(?:/(?P<proto>tcp|udp|sctp))?$")
+PORT_RE = re.compile(
+    r"^(?:(?P<ip>\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-fA-F:]+\]):)?"
+    r"(?:(?P<host>\d+):)?(?P<cport>\d+)(?:/(?P<proto>tcp|udp|sctp))?$"
+)
 RESTART_RE = re.compile(r"^(no|always|unless-stopped|on-failure(:\d+)?)$")
 
 
@@ -202,7 +205,9 @@ class DockerStep(StepKind):
         finally:
             client.close()
 
-    def _drift(self, ctx: StepContext, client: docker.DockerClient, container: Container) -> tuple[str, list[str]] | None:
+    def _drift(
+        self, ctx: StepContext, client: docker.DockerClient, container: Container
+    ) -> tuple[str, list[str]] | None:
         """Why the container does not match the spec (reason, field changes), or None when it does."""
         import docker.errors
 
@@ -216,7 +221,8 @@ class DockerStep(StepKind):
                 old = {}
             new = self._masked_config(ctx)
             changes = _changes(old, new) if isinstance(old, dict) else []
-            return "container config drifted: " + ("; ".join(changes) if changes else "its config hash differs"), changes
+            shown = "; ".join(changes) if changes else "its config hash differs"
+            return "container config drifted: " + shown, changes
         state = container.attrs.get("State", {})
         if container.status != "running":
             detail = f" (exit code {state.get('ExitCode')})" if container.status == "exited" else ""

@@ -18,9 +18,7 @@ from steps.base import SpecModel, StepError
 class Readiness(SpecModel):
     http: str | None = Field(None, description="An http:// or https:// URL to GET until it answers with `status`.")
     tcp: str | None = Field(None, description="A `host:port` to connect to until it accepts.")
-    status: list[int] = Field(
-        default_factory=list, description="HTTP statuses that mean ready (default: any 2xx)."
-    )
+    status: list[int] = Field(default_factory=list, description="HTTP statuses that mean ready (default: any 2xx).")
     timeout: float = Field(60, gt=0, description="Seconds to wait before failing.")
     interval: float = Field(1, gt=0, description="Seconds between attempts.")
 
