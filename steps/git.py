@@ -258,7 +258,7 @@ class GitStep(StepKind):
             ):
                 return
             if repo.is_dirty(untracked_files=False) and not spec.force:
-                changed = [d.a_path for d in repo.index.diff(None)][:5]
+                changed = [str(d.a_path) for d in repo.index.diff(None)][:5]
                 raise StepError(
                     f"{dest} has local changes to tracked files ({', '.join(changed) or 'staged changes'}); "
                     f"not checking out {spec.ref or 'the default branch'} over them",
