@@ -1,0 +1,426 @@
+"""pip: packages installed into an interpreter or a virtual environment, checked without running pip.
+
+Example::
+
+    - name: e2b
+      pip:
+        venv: .venv                     # created when missing; or `python: /usr/bin/python3`
+        packages: ["e2b<2.51"]          # the server image predates AgentENV PR #306
+    - name: tbench2-env
+      pip:
+        venv: .venv
+        editable: [OpenEnv/envs/tbench2_env]
+        packages: [typed-argument-parser, openai]
+
+The probe asks the interpreter once (one process, shared by every pip step on it in a run) what is
+installed, and checks each requirement with `packaging`: name, version specifier, markers, extras, and for an
+editable install the source path it points at. A converged apply never runs `pip install`, and neither does
+a first apply that finds everything already satisfied. A requirements file's content, and an editable
+project's pyproject.toml / setup.cfg / setup.py, are part of the fingerprint. Outputs: `versions` (name ->
+version) and `python`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
+from steps.files import content_digest
+from steps.process import run_process
+
+QUERY = r"""
+import json, os, platform, re, sys
+import importlib.metadata as md
+dists = {}
+for d in md.distributions():
+    name = d.metadata["Name"]
+    if not name:
+        continue
+    key = re.sub(r"[-_.]+", "-", name).lower()
+    if key in dists:
+        continue
+    try:
+        direct = d.read_text("direct_url.json")
+        direct = json.loads(direct) if direct else None
+    except Exception:
+        direct = None
+    extras = d.metadata.get_all("Provides-Extra") or []
+    dists[key] = {
+        "name": name, "version": d.version, "direct_url": direct, "requires": d.requires or [], "extras": extras
+    }
+impl = sys.implementation
+iv = "{0.major}.{0.minor}.{0.micro}".format(impl.version)
+if impl.version.releaselevel != "final":
+    iv += impl.version.releaselevel[0] + str(impl.version.serial)
+env = {
+    "implementation_name": impl.name,
+    "implementation_version": iv,
+    "os_name": os.name,
+    "platform_machine": platform.machine(),
+    "platform_release": platform.release(),
+    "platform_system": platform.system(),
+    "platform_version": platform.version(),
+    "python_full_version": platform.python_version(),
+    "platform_python_implementation": platform.python_implementation(),
+    "python_version": ".".join(platform.python_version_tuple()[:2]),
+    "sys_platform": sys.platform,
+}
+print(json.dumps({"executable": sys.executable, "prefix": sys.prefix, "dists": dists, "env": env}))
+"""
+
+_cache: dict[str, dict[str, Any]] = {}
+_cache_lock = threading.Lock()
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def query(python: str, env: Mapping[str, str]) -> dict[str, Any]:
+    """What is installed for this interpreter; asked once per run and shared between steps."""
+    with _cache_lock:
+        if python in _cache:
+            return _cache[python]
+    clean = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    try:
+        proc = subprocess.run([python, "-I", "-c", QUERY], capture_output=True, text=True, env=clean, timeout=120)
+    except OSError as exc:
+        raise StepError(f"cannot run {python}: {exc.strerror}") from None
+    except subprocess.TimeoutExpired:
+        raise StepError(f"{python} did not answer within 120s") from None
+    if proc.returncode != 0:
+        raise StepError(f"{python} failed to list its packages: {proc.stderr.strip()[-300:]}")
+    data: dict[str, Any] = json.loads(proc.stdout)
+    with _cache_lock:
+        _cache[python] = data
+    return data
+
+
+def forget_query(python: str) -> None:
+    with _cache_lock:
+        _cache.pop(python, None)
+
+
+class PipSpec(SpecModel):
+    packages: list[str] = Field(default_factory=list, description="Requirement strings, e.g. `e2b<2.51`, `openai`.")
+    requirements: list[str] = Field(default_factory=list, description="Requirements files (`-r`), pipeline-relative.")
+    editable: list[str] = Field(default_factory=list, description="Project paths installed editable (`-e`).")
+    python: str | None = Field(
+        None, description="Interpreter to install into (or to make `venv` with); default `python3` on PATH."
+    )
+    venv: str | None = Field(None, description="Virtual environment to install into; created when missing.")
+    index_url: str | None = Field(None, description="`--index-url`.")
+    extra_index_urls: list[str] = Field(default_factory=list, description="`--extra-index-url`, each.")
+    find_links: list[str] = Field(default_factory=list, description="`--find-links`, each (paths or URLs).")
+    no_index: bool = Field(False, description="`--no-index`: only `find_links`.")
+    constraints: list[str] = Field(default_factory=list, description="Constraints files (`-c`).")
+    no_build_isolation: bool = Field(False, description="`--no-build-isolation`.")
+    pre: bool = Field(False, description="`--pre`: allow pre-releases.")
+    extra_args: list[str] = Field(default_factory=list, description="More arguments for `pip install`.")
+
+    @field_validator("packages")
+    @classmethod
+    def _requirements(cls, value: list[str]) -> list[str]:
+        from packaging.requirements import InvalidRequirement, Requirement
+
+        for item in value:
+            try:
+                Requirement(item)
+            except InvalidRequirement as exc:
+                raise ValueError(f"{item!r} is not a requirement: {exc}") from None
+        return value
+
+    @model_validator(mode="after")
+    def _something(self) -> PipSpec:
+        if not (self.packages or self.requirements or self.editable):
+            raise ValueError("give at least one of `packages`, `requirements` or `editable`")
+        return self
+
+
+class PipStep(StepKind):
+    kind = "pip"
+    Spec = PipSpec
+
+    @property
+    def pip_spec(self) -> PipSpec:
+        assert isinstance(self.spec, PipSpec)
+        return self.spec
+
+    # ---- where ----------------------------------------------------------------------------------------
+
+    def base_python(self, ctx: StepContext) -> str:
+        spec = self.pip_spec
+        name = spec.python or "python3"
+        if "/" in name:
+            return str(ctx.resolve(name))
+        found = shutil.which(name, path=ctx.env.get("PATH"))
+        if found:
+            return found
+        if spec.python is None:
+            return sys.executable
+        raise StepError(f"no interpreter {name!r} on PATH", hint="give `python:` as a full path")
+
+    def target_python(self, ctx: StepContext) -> str:
+        spec = self.pip_spec
+        if spec.venv:
+            return str(ctx.resolve(spec.venv) / "bin" / "python")
+        return self.base_python(ctx)
+
+    # ---- what -----------------------------------------------------------------------------------------
+
+    def _files(self, ctx: StepContext) -> tuple[list[str], list[str], list[Path]]:
+        """(requirement lines, editable paths, files read) from the spec and its requirements files."""
+        spec = self.pip_spec
+        reqs = list(spec.packages)
+        editables = [str(ctx.resolve(p)) for p in spec.editable]
+        read: list[Path] = []
+
+        def visit(path: Path, depth: int) -> None:
+            if depth > 10 or path in read:
+                return
+            read.append(path)
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines()
+            except OSError as exc:
+                raise StepError(f"cannot read requirements file {path}: {exc.strerror}") from None
+            for raw in lines:
+                line = raw.split(" #", 1)[0].strip()
+                if not line or line.startswith("#"):
+                    continue
+                if line.startswith(("-r ", "--requirement ")):
+                    visit((path.parent / line.split(None, 1)[1]).resolve(), depth + 1)
+                elif line.startswith(("-e ", "--editable ")):
+                    target = line.split(None, 1)[1]
+                    editables.append(str((path.parent / target).resolve()) if "://" not in target else target)
+                elif line.startswith("-"):
+                    continue  # options: part of the fingerprint through the file's content
+                else:
+                    reqs.append(line)
+
+        for item in spec.requirements:
+            visit(ctx.resolve(item), 0)
+        return reqs, editables, read
+
+    def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
+        spec = self.pip_spec
+        files = [ctx.resolve(p) for p in spec.requirements + spec.constraints]
+        for path in spec.editable:
+            root = ctx.resolve(path)
+            files += [root / n for n in ("pyproject.toml", "setup.cfg", "setup.py") if (root / n).exists()]
+        try:
+            _, _, read = self._files(ctx)
+        except StepError:
+            read = []
+        files += [p for p in read if p not in files]
+        return {"files": content_digest(files)} if files else {}
+
+    # ---- checking ---------------------------------------------------------------------------------------
+
+    def unsatisfied(self, ctx: StepContext, python: str) -> list[str]:
+        """Why the environment does not satisfy the spec: one line per problem, empty when it does."""
+        from packaging.requirements import InvalidRequirement, Requirement
+
+        data = query(python, ctx.env)
+        dists: dict[str, Any] = data["dists"]
+        env: dict[str, str] = data["env"]
+        reqs, editables, _ = self._files(ctx)
+        problems: list[str] = []
+        for line in reqs:
+            try:
+                req = Requirement(line)
+            except InvalidRequirement:
+                continue  # URLs and the like that packaging does not parse: the fingerprint covers them
+            problems += _check(req, dists, env, depth=0)
+        for path in editables:
+            problems += _check_editable(path, dists)
+        return problems
+
+    def probe(self, ctx: StepContext) -> Probe:
+        python = self.target_python(ctx)
+        if not Path(python).exists() and "/" in python:
+            return Probe.missing(f"{python} does not exist" + (" (no venv yet)" if self.pip_spec.venv else ""))
+        problems = self.unsatisfied(ctx, python)
+        if problems:
+            return Probe.drift("; ".join(problems), tuple(problems))
+        return Probe.ok()
+
+    # ---- apply ----------------------------------------------------------------------------------------
+
+    def apply(self, ctx: StepContext) -> dict[str, Any]:
+        spec = self.pip_spec
+        if spec.venv:
+            self._ensure_venv(ctx)
+        python = self.target_python(ctx)
+        forget_query(python)
+        problems = self.unsatisfied(ctx, python)
+        if problems:
+            ctx.on_output("to install: " + "; ".join(problems))
+            self._install(ctx, python)
+            forget_query(python)
+            left = self.unsatisfied(ctx, python)
+            if left:
+                raise StepError(
+                    "pip install finished but the environment still does not satisfy the spec: " + "; ".join(left),
+                    hint="a conflicting constraint or a package that installs under another name",
+                )
+        else:
+            ctx.on_output("every requirement is already satisfied: pip not run")
+        return {"versions": self._versions(ctx, python), "python": python}
+
+    def _ensure_venv(self, ctx: StepContext) -> None:
+        assert self.pip_spec.venv
+        root = ctx.resolve(self.pip_spec.venv)
+        if (root / "pyvenv.cfg").exists() and (root / "bin" / "python").exists():
+            return
+        base = self.base_python(ctx)
+        ctx.on_output(f"creating virtual environment {root} with {base}")
+        result = run_process([base, "-m", "venv", "--clear", str(root)], ctx, env=ctx.env)
+        if result.returncode != 0:
+            raise StepError(f"creating the venv {root} failed", output_tail="\n".join(result.tail))
+
+    def _install(self, ctx: StepContext, python: str) -> None:
+        spec = self.pip_spec
+        argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
+        if spec.index_url:
+            argv += ["--index-url", spec.index_url]
+        for url in spec.extra_index_urls:
+            argv += ["--extra-index-url", url]
+        for link in spec.find_links:
+            argv += ["--find-links", link if "://" in link else str(ctx.resolve(link))]
+        if spec.no_index:
+            argv.append("--no-index")
+        if spec.pre:
+            argv.append("--pre")
+        if spec.no_build_isolation:
+            argv.append("--no-build-isolation")
+        for path in spec.constraints:
+            argv += ["-c", str(ctx.resolve(path))]
+        argv += list(spec.extra_args)
+        argv += list(spec.packages)
+        for path in spec.requirements:
+            argv += ["-r", str(ctx.resolve(path))]
+        for path in spec.editable:
+            argv += ["-e", str(ctx.resolve(path))]
+        env = {k: v for k, v in ctx.env.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+        env.pop("VIRTUAL_ENV", None)
+        result = run_process(argv, ctx, cwd=ctx.pipeline_dir, env=env)
+        if result.returncode != 0:
+            text = "\n".join(result.tail)
+            errors = [line.strip() for line in result.tail if line.strip().lower().startswith("error:")]
+            message = errors[-1][len("error:") :].strip() if errors else f"exit code {result.returncode}"
+            lowered = text.lower()
+            if any(m in lowered for m in ("connection refused", "failed to establish", "name resolution", "timed out")):
+                hint = "the package index is unreachable: check the network, `index_url`, or use `find_links`"
+            elif "no matching distribution" in lowered or "could not find a version" in lowered:
+                hint = "check the package name and version, and the index it is on"
+            else:
+                hint = ""
+            raise StepError(f"pip install failed: {message}", hint=hint, output_tail=text)
+
+    def _versions(self, ctx: StepContext, python: str) -> dict[str, str]:
+        from packaging.requirements import InvalidRequirement, Requirement
+
+        dists = query(python, ctx.env)["dists"]
+        reqs, editables, _ = self._files(ctx)
+        out: dict[str, str] = {}
+        for line in reqs:
+            try:
+                name = canonical(Requirement(line).name)
+            except InvalidRequirement:
+                continue
+            if name in dists:
+                out[dists[name]["name"]] = dists[name]["version"]
+        for path in editables:
+            found = _editable_dist(path, dists)
+            if found:
+                out[found["name"]] = found["version"]
+        return dict(sorted(out.items()))
+
+
+def _check(req: Any, dists: dict[str, Any], env: dict[str, str], depth: int, extra: str = "") -> list[str]:
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    if req.marker is not None and not req.marker.evaluate({**env, "extra": extra}):
+        return []
+    dist = dists.get(canonical(req.name))
+    if dist is None:
+        return [f"{req.name} is not installed" + (f", wants {req.specifier}" if req.specifier else "")]
+    version = dist["version"]
+    if req.specifier and not req.specifier.contains(version, prereleases=True):
+        return [f"{req.name}: {version} installed, wants {req.specifier}"]
+    if req.url:
+        direct = (dist.get("direct_url") or {}).get("url")
+        if direct != req.url:
+            return [f"{req.name} is installed from {direct or 'an index'}, wants {req.url}"]
+    problems: list[str] = []
+    if depth == 0:
+        provided = {canonical(e) for e in dist.get("extras") or []}
+        for name in sorted(req.extras):
+            if canonical(name) not in provided:
+                continue  # pip ignores an extra the package does not declare (with a warning)
+            for line in dist.get("requires") or []:
+                try:
+                    dep = Requirement(line)
+                except InvalidRequirement:
+                    continue
+                if dep.marker is None or "extra" not in str(dep.marker):
+                    continue
+                if dep.marker.evaluate({**env, "extra": name}):
+                    dep.marker = None
+                    problems += [f"{p} (for {req.name}[{name}])" for p in _check(dep, dists, env, depth + 1)]
+    return problems
+
+
+def _editable_dist(path: str, dists: dict[str, Any]) -> dict[str, Any] | None:
+    want = Path(path).resolve().as_uri() if "://" not in path else path
+    for dist in dists.values():
+        direct = dist.get("direct_url") or {}
+        if direct.get("url", "").rstrip("/") == want.rstrip("/") and (direct.get("dir_info") or {}).get("editable"):
+            return dict(dist)
+    return None
+
+
+def _project_name(path: Path) -> str | None:
+    import tomllib
+
+    try:
+        data = tomllib.loads((path / "pyproject.toml").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    name = data.get("project", {}).get("name")
+    if isinstance(name, str):
+        return name
+    try:
+        for line in (path / "setup.cfg").read_text(encoding="utf-8").splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key.strip() == "name":
+                return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def _check_editable(path: str, dists: dict[str, Any]) -> list[str]:
+    if _editable_dist(path, dists):
+        return []
+    name = _project_name(Path(path)) if "://" not in path else None
+    dist = dists.get(canonical(name)) if name else None
+    if dist is None:
+        return [f"{name or path} is not installed (editable from {path})"]
+    direct = dist.get("direct_url") or {}
+    source = direct.get("url", "").removeprefix("file://") or "an index"
+    kind = "editable from" if (direct.get("dir_info") or {}).get("editable") else "installed from"
+    return [f"{dist['name']} is {kind} {source}, wants editable from {path}"]
+
+
+__all__ = ["PipSpec", "PipStep", "canonical", "forget_query", "query"]
