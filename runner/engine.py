@@ -450,7 +450,7 @@ class Engine:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if prep.instance.changes_system:
             self.reporter.step_started(name, decision.reason)
-        if self.options.verbose:
+        if self.options.verbose or prep.instance.streams_output():
             prep.ctx.on_output = lambda line: self.reporter.output(name, line)
         else:
             prep.ctx.on_output = lambda line: self.reporter.output_quiet(name, line)

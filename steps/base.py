@@ -127,6 +127,10 @@ class StepKind:
         """Extra inputs of the fingerprint (e.g. content hashes of input files)."""
         return {}
 
+    def streams_output(self) -> bool:
+        """Whether the step's output goes to the terminal even without -v (a foreground job)."""
+        return False
+
     def secret_outputs(self) -> frozenset[str]:
         """Output keys whose values are secrets: kept in the 0600 secrets file, masked everywhere else."""
         return frozenset()

@@ -25,9 +25,9 @@ class Completed:
     tail: list[str]
 
 
-def _kill_group(proc: subprocess.Popen[bytes], grace: float = 3.0) -> None:
+def _kill_group(proc: subprocess.Popen[bytes], grace: float = 3.0, sig: int = signal.SIGTERM) -> None:
     try:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, sig)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + grace
@@ -47,6 +47,8 @@ def run_process(
     *,
     cwd: Path | None = None,
     env: Mapping[str, str] | None = None,
+    stop_signal: int = signal.SIGTERM,
+    grace: float = 3.0,
 ) -> Completed:
     """Run argv, streaming its merged output to the step's log and ``ctx.on_output``.
 
@@ -111,7 +113,7 @@ def run_process(
                 pass
     finally:
         if proc.poll() is None:
-            _kill_group(proc)
+            _kill_group(proc, grace, stop_signal)
         else:
             # The leader exited; stop anything it left running in its group.
             try:

@@ -1,0 +1,286 @@
+"""launch: the long-running job — the training run.
+
+Example::
+
+    - name: train
+      launch:
+        command: [bash, miles/examples/tbench2/run_tbench2.sh]
+        env: {OPENENV_SANDBOX_BACKEND: e2b}
+        detach: true
+
+In the foreground (the default) the job's output streams to the terminal and the step's result is its exit
+status; Ctrl-C stops it. Detached, it runs under a small supervisor in a session of its own, which records
+its pid, its process start time (so a reused pid is never taken for the job) and, when it ends, its exit
+status in `.runner/jobs/<step>.json`. On the next apply: a live job with the same fingerprint is adopted;
+one that exited 0 is done; one that failed or vanished is launched again; a spec or upstream change while it
+runs is reported as "restart pending" and carried out only with `apply --force STEP` — a multi-day training
+run is never killed silently. A job stopped with `runner stop STEP` stays stopped until forced.
+`runner logs STEP [-f]` shows its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
+from steps.process import run_process
+from steps.supervise import start_time, write
+
+SUPERVISOR = Path(__file__).with_name("supervise.py")
+START_GRACE = 0.5
+
+
+class LaunchSpec(SpecModel):
+    command: str | list[str] = Field(description="The job. A list is argv (no shell); a string runs under `sh -c`.")
+    cwd: str | None = Field(None, description="Working directory, relative to the pipeline file.")
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables of the job.")
+    detach: bool = Field(False, description="Run in the background, supervised; later applies adopt it.")
+    log: str | None = Field(None, description="Log file of a detached job (default .runner/jobs/<step>.log).")
+    stop_signal: str = Field("TERM", description="Signal that asks the job to stop (TERM, INT, ...).")
+    stop_timeout: float = Field(30, ge=0, description="Seconds between the stop signal and SIGKILL.")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_strings(cls, value: Any) -> Any:
+        return env_mapping(value)
+
+    @field_validator("stop_signal")
+    @classmethod
+    def _signal(cls, value: str) -> str:
+        name = value.upper().removeprefix("SIG")
+        if not hasattr(signal, f"SIG{name}"):
+            raise ValueError(f"{value!r} is not a signal name (TERM, INT, HUP, QUIT, KILL, USR1, ...)")
+        return name
+
+    @field_validator("command")
+    @classmethod
+    def _not_empty(cls, value: str | list[str]) -> str | list[str]:
+        if (isinstance(value, str) and not value.strip()) or (isinstance(value, list) and not value):
+            raise ValueError("the command is empty")
+        return value
+
+
+def _alive(job: dict[str, Any]) -> bool:
+    pid = job.get("pid")
+    if not isinstance(pid, int) or "exit_code" in job:
+        return False
+    return start_time(pid) == job.get("start_time") and start_time(pid) is not None
+
+
+def _when(ts: Any) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if isinstance(ts, (int, float)) else "?"
+
+
+class LaunchStep(StepKind):
+    kind = "launch"
+    Spec = LaunchSpec
+    cosmetic_fields = frozenset({"stop_signal", "stop_timeout", "log"})
+
+    @property
+    def launch_spec(self) -> LaunchSpec:
+        assert isinstance(self.spec, LaunchSpec)
+        return self.spec
+
+    def streams_output(self) -> bool:
+        return not self.launch_spec.detach
+
+    # ---- the job file ---------------------------------------------------------------------------------
+
+    def job_path(self, ctx: StepContext) -> Path:
+        return ctx.state_dir / "jobs" / f"{ctx.name}.json"
+
+    def log_file(self, ctx: StepContext) -> Path | None:
+        if not self.launch_spec.detach:
+            return None
+        job = self.job(ctx)
+        if job and isinstance(job.get("log"), str):
+            return Path(job["log"])
+        return self._log(ctx)
+
+    def _log(self, ctx: StepContext) -> Path:
+        spec = self.launch_spec
+        return ctx.resolve(spec.log) if spec.log else ctx.state_dir / "jobs" / f"{ctx.name}.log"
+
+    def job(self, ctx: StepContext) -> dict[str, Any] | None:
+        try:
+            data = json.loads(self.job_path(ctx).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    # ---- probe ----------------------------------------------------------------------------------------
+
+    def probe(self, ctx: StepContext) -> Probe:
+        if not self.launch_spec.detach:
+            return Probe.ok()
+        job = self.job(ctx)
+        if job is None:
+            return Probe.missing("no job recorded in .runner/jobs")
+        if _alive(job):
+            return Probe.ok(f"running since {_when(job.get('started'))}, pid {job['pid']}")
+        if job.get("stopped"):
+            return Probe.ok(
+                f"stopped by `runner stop` at {_when(job.get('finished'))}; `apply --force {ctx.name}` relaunches it"
+            )
+        code = job.get("exit_code")
+        if code == 0:
+            return Probe.ok(f"finished at {_when(job.get('finished'))} (exit code 0)")
+        if code is None:
+            return Probe.missing(f"the job is gone (pid {job.get('pid')} no longer runs and left no exit status)")
+        return Probe.missing(f"the job exited with code {code} at {_when(job.get('finished'))}")
+
+    def live_work(self, ctx: StepContext) -> str | None:
+        if not self.launch_spec.detach:
+            return None
+        job = self.job(ctx)
+        if job and _alive(job):
+            return f"the job runs since {_when(job.get('started'))}, pid {job['pid']}"
+        return None
+
+    # ---- apply ----------------------------------------------------------------------------------------
+
+    def _argv(self) -> list[str]:
+        command = self.launch_spec.command
+        return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+
+    def _env(self, ctx: StepContext) -> dict[str, str]:
+        return {**ctx.env, **self.launch_spec.env}
+
+    def apply(self, ctx: StepContext) -> dict[str, Any]:
+        spec = self.launch_spec
+        cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
+        if not cwd.is_dir():
+            raise StepError(f"working directory does not exist: {cwd}")
+        if not spec.detach:
+            result = run_process(
+                self._argv(),
+                ctx,
+                cwd=cwd,
+                env=self._env(ctx),
+                stop_signal=getattr(signal, f"SIG{spec.stop_signal}"),
+                grace=spec.stop_timeout,
+            )
+            if result.returncode != 0:
+                raise StepError(f"the job exited with code {result.returncode}", output_tail="\n".join(result.tail))
+            return {"exit_code": 0, "detached": False}
+        job = self.job(ctx)
+        if job and _alive(job):
+            if job.get("fingerprint") == ctx.fingerprint:
+                ctx.on_output(f"adopting the running job, pid {job['pid']}")
+                return self._outputs(job)
+            ctx.on_output(f"stopping the running job (pid {job['pid']}) to restart it with the new spec")
+            self._stop(ctx, job)
+        return self._start(ctx, cwd)
+
+    def _start(self, ctx: StepContext, cwd: Path) -> dict[str, Any]:
+        jobfile = self.job_path(ctx)
+        log = self._log(ctx)
+        jobfile.parent.mkdir(parents=True, exist_ok=True)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        previous = jobfile.with_suffix(".previous.json")
+        if jobfile.exists():
+            os.replace(jobfile, previous)
+        argv = [sys.executable, "-I", str(SUPERVISOR), str(jobfile), str(log), ctx.fingerprint, "--", *self._argv()]
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=cwd,
+                env=self._env(ctx),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise StepError(f"cannot start the job supervisor: {exc}") from None
+        deadline = time.monotonic() + 15
+        job: dict[str, Any] | None = None
+        while time.monotonic() < deadline:
+            job = self.job(ctx)
+            if job and job.get("pid") == proc.pid:
+                break
+            if proc.poll() is not None:
+                raise StepError(f"the job supervisor exited with code {proc.returncode} before starting the job")
+            time.sleep(0.02)
+        else:
+            raise StepError("the job supervisor did not report the job's start within 15s")
+        assert job is not None
+        grace = time.monotonic() + START_GRACE
+        while time.monotonic() < grace:
+            job = self.job(ctx) or job
+            if "exit_code" in job:
+                break
+            time.sleep(0.05)
+        if job.get("exit_code") not in (None, 0):
+            raise StepError(
+                f"the job exited at once with code {job['exit_code']}",
+                hint=f"its log: {log}",
+                output_tail=ctx.mask(_tail(log)),
+            )
+        ctx.on_output(f"started pid {job['pid']}, log {log}")
+        return self._outputs(job)
+
+    def _outputs(self, job: dict[str, Any]) -> dict[str, Any]:
+        return {"pid": job.get("pid"), "started": job.get("started"), "log": job.get("log"), "detached": True}
+
+    # ---- stop -----------------------------------------------------------------------------------------
+
+    def stop(self, ctx: StepContext) -> str:
+        if not self.launch_spec.detach:
+            raise StepError("a foreground launch stops when its apply stops (Ctrl-C): nothing runs in the background")
+        job = self.job(ctx)
+        if job is None:
+            raise StepError("no job was launched yet")
+        if not _alive(job):
+            code = job.get("exit_code")
+            ended = f" (exited with code {code} at {_when(job.get('finished'))})" if code is not None else ""
+            return "not running" + ended
+        how = self._stop(ctx, job)
+        latest = self.job(ctx) or job
+        self._write(ctx, {**latest, "stopped": True, "finished": latest.get("finished") or time.time()})
+        return f"stopped pid {job['pid']} ({how})"
+
+    def _stop(self, ctx: StepContext, job: dict[str, Any]) -> str:
+        spec = self.launch_spec
+        pgid = int(job.get("pgid") or job["pid"])
+        sig = getattr(signal, f"SIG{spec.stop_signal}")
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + spec.stop_timeout
+        while time.monotonic() < deadline:
+            current = self.job(ctx) or job
+            if "exit_code" in current or start_time(int(job["pid"])) != job.get("start_time"):
+                self._kill_rest(pgid)
+                return f"SIG{spec.stop_signal}"
+            time.sleep(0.1)
+        self._kill_rest(pgid)
+        current = self.job(ctx) or job
+        if "exit_code" not in current:
+            self._write(ctx, {**current, "exit_code": -signal.SIGKILL, "finished": time.time()})
+        return f"SIGKILL after {spec.stop_timeout:g}s"
+
+    def _kill_rest(self, pgid: int) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+
+    def _write(self, ctx: StepContext, data: dict[str, Any]) -> None:
+        write(str(self.job_path(ctx)), data)
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])

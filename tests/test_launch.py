@@ -1,0 +1,175 @@
+"""The launch kind: foreground jobs, and detached jobs adopted, relaunched, held and stopped across applies."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import Project
+
+
+@pytest.fixture
+def jobs(project: Project) -> Iterator[Project]:
+    yield project
+    for jobfile in (project.path / ".runner/jobs").glob("*.json"):
+        try:
+            job = json.loads(jobfile.read_text())
+            os.killpg(int(job["pgid"]), signal.SIGKILL)
+        except (OSError, ValueError, KeyError):
+            pass
+
+
+def _job(project: Project) -> dict:
+    return json.loads((project.path / ".runner/jobs/train.json").read_text())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def _train(project: Project, lr: str = "0.1", command: str = "") -> None:
+    command = command or f"echo start lr={lr} >> starts.txt; echo training; exec sleep 300"
+    project.write(
+        f"""
+        steps:
+          - name: train
+            launch:
+              command: "{command}"
+              env: {{LR: "{lr}"}}
+              detach: true
+              stop_timeout: 2
+        """
+    )
+
+
+def test_detached_job_is_adopted_not_relaunched(jobs: Project) -> None:
+    _train(jobs)
+    first = jobs.run("apply")
+    assert first.code == 0, first.text
+    job = _job(jobs)
+    assert _alive(job["pid"])
+    again = jobs.run("apply")
+    assert again.code == 0, again.text
+    assert "running since" in again.out and f"pid {job['pid']}" in again.out
+    assert jobs.count("starts.txt") == 1
+    log = jobs.run("logs", "train")
+    assert log.code == 0 and "training" in log.out
+
+
+def test_killed_job_is_relaunched(jobs: Project) -> None:
+    _train(jobs)
+    assert jobs.run("apply").code == 0
+    job = _job(jobs)
+    _wait_for(lambda: "child_pid" in _job(jobs))
+    os.kill(_job(jobs)["child_pid"], signal.SIGKILL)
+    _wait_for(lambda: "exit_code" in _job(jobs))
+    plan = jobs.run("plan")
+    assert plan.code == 2 and "exited with code -9" in plan.out
+    assert jobs.run("apply").code == 0
+    assert jobs.count("starts.txt") == 2
+    # The supervisor itself killed too (as by a reboot): the job is gone without an exit status.
+    second = _job(jobs)
+    assert second["pid"] != job["pid"]
+    os.killpg(second["pgid"], signal.SIGKILL)
+    _wait_for(lambda: not _alive(second["pid"]))
+    plan = jobs.run("plan")
+    assert "the job is gone" in plan.out
+    assert jobs.run("apply").code == 0
+    assert jobs.count("starts.txt") == 3
+
+
+def test_finished_job_is_not_relaunched(jobs: Project) -> None:
+    _train(jobs, command="echo start >> starts.txt")
+    assert jobs.run("apply").code == 0
+    _wait_for(lambda: _job(jobs).get("exit_code") == 0)
+    result = jobs.run("apply")
+    assert result.code == 0
+    assert "finished at" in result.out and "(exit code 0)" in result.out
+    assert jobs.count("starts.txt") == 1
+
+
+def test_change_while_running_is_held_until_forced(jobs: Project) -> None:
+    _train(jobs, lr="0.1")
+    assert jobs.run("apply").code == 0
+    pid = _job(jobs)["pid"]
+    _train(jobs, lr="0.2")
+    plan = jobs.run("plan")
+    assert plan.code == 2
+    assert "restart pending" in plan.out and "apply --force train" in plan.out
+    held = jobs.run("apply")
+    assert held.code == 0, held.text
+    assert "pending" in held.out and "restart pending" in held.out
+    assert _alive(pid) and _job(jobs)["pid"] == pid and jobs.count("starts.txt") == 1
+
+    forced = jobs.run("apply", "--force", "train")
+    assert forced.code == 0, forced.text
+    new = _job(jobs)
+    assert new["pid"] != pid and _alive(new["pid"])
+    _wait_for(lambda: not _alive(pid))
+    assert (jobs.path / "starts.txt").read_text().splitlines()[-1] == "start lr=0.2"
+    assert jobs.run("plan").code == 0
+
+
+def test_stop_then_apply_leaves_it_stopped(jobs: Project) -> None:
+    _train(jobs)
+    assert jobs.run("apply").code == 0
+    pid = _job(jobs)["pid"]
+    stopped = jobs.run("stop", "train")
+    assert stopped.code == 0, stopped.text
+    assert f"stopped pid {pid} (SIGTERM)" in stopped.out
+    assert not _alive(pid)
+    after = jobs.run("apply")
+    assert after.code == 0 and "stopped by `runner stop`" in after.out
+    assert jobs.count("starts.txt") == 1
+    assert jobs.run("stop", "train").out.strip().startswith("train: not running")
+
+
+def test_job_that_exits_at_once_fails_with_its_log(jobs: Project) -> None:
+    _train(jobs, command="echo cannot find GPUs; exit 3")
+    result = jobs.run("apply")
+    assert result.code == 1
+    assert "exited at once with code 3" in result.out and "cannot find GPUs" in result.out
+
+
+def test_foreground_job_streams_and_reports_its_exit_status(jobs: Project) -> None:
+    jobs.write(
+        """
+        steps:
+          - name: train
+            launch:
+              command: "echo step 1; echo step 2; exit 4"
+        """
+    )
+    result = jobs.run("apply")
+    assert result.code == 1
+    assert "train | step 2" in result.out
+    assert "the job exited with code 4" in result.out
+    jobs.write(
+        """
+        steps:
+          - name: train
+            launch: {command: "echo all done"}
+        """
+    )
+    assert jobs.run("apply").code == 0
+    assert jobs.run("apply").out.count("ok       train") == 1
