@@ -423,6 +423,9 @@ def test_schema_is_json_schema_of_every_kind(project: Project) -> None:
     result = project.run("schema")
     schema = json.loads(result.out)
     titles = [v["title"] for v in schema["properties"]["steps"]["items"]["oneOf"]]
-    assert titles == ["run step", "env step", "assert step"]
+    from steps import KINDS
+
+    assert titles == [f"{kind} step" for kind in KINDS]
+    assert {"run", "env", "assert", "docker", "git", "pip", "launch", "wait", "capture", "secret"} <= set(KINDS)
     run_step = schema["properties"]["steps"]["items"]["oneOf"][0]
     assert "creates" in run_step["properties"]["run"]["properties"]
