@@ -158,7 +158,7 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "plan":
         decisions = engine.plan()
         reporter.plan(decisions)
-        return 2 if any(d.action in ("run", "maybe", "pending") for d in decisions) else EXIT_OK
+        return 2 if any(d.action in ("run", "maybe", "pending", "fail") for d in decisions) else EXIT_OK
     if args.command == "apply":
         try:
             results = engine.apply()

@@ -33,7 +33,7 @@ from runner.ui import Reporter
 from steps import kind_class
 from steps.base import Probe, StepContext, StepError, StepKind
 
-Action = Literal["run", "ok", "skip", "maybe", "pending"]
+Action = Literal["run", "ok", "skip", "maybe", "pending", "fail"]
 Status = Literal["ok", "changed", "failed", "skipped", "blocked", "interrupted", "unselected", "pending"]
 KEPT_RUNS = 20
 
@@ -282,6 +282,13 @@ class Engine:
             return None
         return self.masker.mask(live) if live else None
 
+    def _preview(self, prep: Prepared) -> str | None:
+        try:
+            problem = prep.instance.preview(prep.ctx)
+        except (StepError, OSError):
+            return None
+        return self.masker.mask(problem) if problem else None
+
     def _probe(self, prep: Prepared) -> Probe:
         try:
             return prep.instance.probe(prep.ctx)
@@ -306,8 +313,9 @@ class Engine:
             step = self.pipeline.step(name)
             self._adopt_record(name)
             pending_up = [
-                d for d in self.graph.deps[name] if decisions.get(d) and decisions[d].action in ("run", "maybe")
+                d for d in self.graph.deps[name] if decisions.get(d) and decisions[d].action in ("run", "maybe", "fail")
             ]
+            failing_up = [d for d in pending_up if decisions[d].action == "fail"]
             if name not in selected:
                 if step.kind == "env":
                     with contextlib.suppress(InputError):
@@ -317,16 +325,20 @@ class Engine:
                 prep = self.prepare(step)
             except InputError as exc:
                 if pending_up:
-                    decisions[name] = Decision(name, "maybe", f"after {', '.join(pending_up)} runs")
+                    decisions[name] = Decision(name, "maybe", _after(pending_up, failing_up))
                     continue
                 raise exc
             if prep is None:
                 decisions[name] = Decision(name, "skip", f"`when` is false: {step.common.when}")
                 continue
             decision = self.decide(prep, crashed_ok=holder is None)
+            if decision.action == "run":
+                problem = self._preview(prep)
+                if problem:
+                    decision = Decision(name, "fail", f"would fail: {problem}", decision.changes)
             if decision.action in ("ok", "pending") and pending_up:
                 decision = Decision(
-                    name, "maybe", f"after {', '.join(pending_up)} runs (re-runs if their outputs change)"
+                    name, "maybe", _after(pending_up, failing_up) + " (re-runs if their outputs change)"
                 )
             decisions[name] = decision
         return [decisions[n] for n in self.graph.order() if n in decisions]
@@ -665,3 +677,10 @@ def _signals_raise() -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+
+
+def _after(pending: list[str], failing: list[str]) -> str:
+    text = f"after {', '.join(pending)} runs"
+    if failing:
+        text += f"; blocked while {', '.join(failing)} would fail"
+    return text

@@ -100,13 +100,22 @@ class Reporter:
         self._print(f"recap: {text}")
 
     def plan(self, decisions: list[Decision]) -> None:
-        symbols = {"run": "+ run  ", "ok": "  ok   ", "skip": "  skip ", "maybe": "~ maybe", "pending": "! hold "}
+        symbols = {
+            "run": "+ run  ",
+            "ok": "  ok   ",
+            "skip": "  skip ",
+            "maybe": "~ maybe",
+            "pending": "! hold ",
+            "fail": "x fail ",
+        }
         for d in decisions:
             self._print(f"{symbols[d.action]} {d.name:<{self.width}} {d.reason}")
-        pending = sum(1 for d in decisions if d.action in ("run", "maybe"))
+        pending = sum(1 for d in decisions if d.action in ("run", "maybe", "fail"))
         held = sum(1 for d in decisions if d.action == "pending")
+        failing = [d.name for d in decisions if d.action == "fail"]
         if pending or held:
             text = f"plan: {pending} step(s) to run, {len(decisions) - pending - held} unchanged"
-            self._print(text + (f", {held} restart(s) pending (--force)" if held else ""))
+            text += f", {held} restart(s) pending (--force)" if held else ""
+            self._print(text + (f"; would fail now: {', '.join(failing)}" if failing else ""))
         else:
             self._print("plan: nothing to do")

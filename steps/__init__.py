@@ -24,6 +24,7 @@ KINDS: dict[str, str] = {
     "wait": "steps.wait:WaitStep",
     "capture": "steps.capture:CaptureStep",
     "secret": "steps.secret:SecretStep",
+    "e2b": "steps.e2b:E2bStep",
 }
 
 

@@ -147,6 +147,10 @@ class StepKind:
         """Stop what the step started (`runner stop STEP`); returns what was done."""
         raise StepError(f"a {self.kind} step has nothing to stop")
 
+    def preview(self, ctx: StepContext) -> str | None:
+        """For `plan` only: a failure that apply would certainly hit, found read-only (a check that fails now)."""
+        return None
+
     def log_file(self, ctx: StepContext) -> Path | None:
         """Where the output of what this step started goes, when not in the run's step log (`runner logs`)."""
         return None

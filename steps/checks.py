@@ -130,6 +130,13 @@ class AssertStep(StepKind):
         failures = self._failures(ctx, run_commands=False)
         return Probe.missing("; ".join(failures)) if failures else Probe.ok("all checks hold")
 
+    def preview(self, ctx: StepContext) -> str | None:
+        failures = self._failures(ctx, run_commands=False)  # commands run only on apply
+        if not failures:
+            return None
+        detail = "; ".join(failures)
+        return f"{self.check.message} ({detail})" if self.check.message else f"check failed: {detail}"
+
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         failures = self._failures(ctx, run_commands=True)
         if failures:

@@ -134,6 +134,8 @@ class PipSpec(SpecModel):
         from packaging.requirements import InvalidRequirement, Requirement
 
         for item in value:
+            if "{{" in item or "{%" in item:
+                continue  # checked again once rendered
             try:
                 Requirement(item)
             except InvalidRequirement as exc:

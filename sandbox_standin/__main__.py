@@ -1,0 +1,3 @@
+from sandbox_standin.server import main
+
+raise SystemExit(main())
