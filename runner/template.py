@@ -11,6 +11,7 @@ import os
 import shlex
 import socket
 import struct
+import sys
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -271,6 +272,7 @@ class Facts(Mapping[str, Any]):
         "home": lambda: os.path.expanduser("~"),
         "kernel": lambda: os.uname().release,
         "arch": lambda: os.uname().machine,
+        "python": lambda: sys.executable,  # the interpreter running runner
     }
 
     def __init__(self) -> None:

@@ -54,7 +54,11 @@ NETWORK_ERRORS = (
 
 
 class GitSpec(SpecModel):
-    url: str = Field(min_length=1, description="The repository to clone (https://, ssh, file://, a path).")
+    url: str = Field(
+        min_length=1,
+        description="The repository to clone (https://, ssh, file://, a path or a bundle; ./ and ../ are relative "
+        "to the pipeline file).",
+    )
     dest: str = Field(min_length=1, description="Where the clone goes, relative to the pipeline file.")
     ref: str | None = Field(None, min_length=1, description="Branch, tag or commit (default: the remote's HEAD).")
     depth: int | None = Field(None, ge=1, description="Shallow clone with this many commits (`--depth`).")
@@ -84,7 +88,14 @@ class GitStep(StepKind):
 
     # ---- probe: file reads only --------------------------------------------------------------------------
 
+    def _local_url(self, ctx: StepContext) -> None:
+        """A url that starts with ./ or ../ is a path relative to the pipeline file (a bundle shipped beside it)."""
+        url = self.git_spec.url
+        if url.startswith(("./", "../")):
+            self.spec = self.git_spec.model_copy(update={"url": os.fspath(ctx.resolve(url))})
+
     def probe(self, ctx: StepContext) -> Probe:
+        self._local_url(ctx)
         spec = self.git_spec
         dest = ctx.resolve(spec.dest)
         gitdir = git_dir(dest)
@@ -133,6 +144,7 @@ class GitStep(StepKind):
     # ---- apply ----------------------------------------------------------------------------------------
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
+        self._local_url(ctx)
         spec = self.git_spec
         dest = ctx.resolve(spec.dest)
         if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):

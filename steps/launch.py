@@ -33,6 +33,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
+from steps.files import expand
 from steps.process import run_process
 from steps.supervise import start_time, write
 
@@ -48,6 +49,10 @@ class LaunchSpec(SpecModel):
     log: str | None = Field(None, description="Log file of a detached job (default .runner/jobs/<step>.log).")
     stop_signal: str = Field("TERM", description="Signal that asks the job to stop (TERM, INT, ...).")
     stop_timeout: float = Field(30, ge=0, description="Seconds between the stop signal and SIGKILL.")
+    creates: list[str] = Field(
+        default_factory=list,
+        description="Paths or globs the job makes: a finished job counts as done only while they exist.",
+    )
 
     @field_validator("env", mode="before")
     @classmethod
@@ -120,9 +125,16 @@ class LaunchStep(StepKind):
 
     # ---- probe ----------------------------------------------------------------------------------------
 
+    def _missing_output(self, ctx: StepContext) -> str | None:
+        for pattern in self.launch_spec.creates:
+            if not expand(ctx.resolve(pattern)):
+                return pattern
+        return None
+
     def probe(self, ctx: StepContext) -> Probe:
         if not self.launch_spec.detach:
-            return Probe.ok()
+            missing = self._missing_output(ctx)
+            return Probe.missing(f"{missing} is missing (the job makes it)") if missing else Probe.ok()
         job = self.job(ctx)
         if job is None:
             return Probe.missing("no job recorded in .runner/jobs")
@@ -134,6 +146,9 @@ class LaunchStep(StepKind):
             )
         code = job.get("exit_code")
         if code == 0:
+            missing = self._missing_output(ctx)
+            if missing:
+                return Probe.missing(f"the job finished, but {missing} is missing")
             return Probe.ok(f"finished at {_when(job.get('finished'))} (exit code 0)")
         if code is None:
             return Probe.missing(f"the job is gone (pid {job.get('pid')} no longer runs and left no exit status)")
@@ -172,6 +187,11 @@ class LaunchStep(StepKind):
             )
             if result.returncode != 0:
                 raise StepError(f"the job exited with code {result.returncode}", output_tail="\n".join(result.tail))
+            missing = self._missing_output(ctx)
+            if missing:
+                raise StepError(
+                    f"the job succeeded but did not create {missing}", hint="fix the job or the `creates` path"
+                )
             return {"exit_code": 0, "detached": False}
         job = self.job(ctx)
         if job and _alive(job):

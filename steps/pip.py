@@ -23,6 +23,7 @@ version) and `python`.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -111,6 +112,9 @@ def forget_query(python: str) -> None:
         _cache.pop(python, None)
 
 
+INHERIT_PTH = "_runner_inherit.pth"
+
+
 class PipSpec(SpecModel):
     packages: list[str] = Field(default_factory=list, description="Requirement strings, e.g. `e2b<2.51`, `openai`.")
     requirements: list[str] = Field(default_factory=list, description="Requirements files (`-r`), pipeline-relative.")
@@ -119,6 +123,11 @@ class PipSpec(SpecModel):
         None, description="Interpreter to install into (or to make `venv` with); default `python3` on PATH."
     )
     venv: str | None = Field(None, description="Virtual environment to install into; created when missing.")
+    inherit_packages: bool = Field(
+        False,
+        description="The venv also sees the packages of the interpreter that made it (its site-packages, named in "
+        "a .pth file; the venv's own come first), so it holds only what this step adds.",
+    )
     index_url: str | None = Field(None, description="`--index-url`.")
     extra_index_urls: list[str] = Field(default_factory=list, description="`--extra-index-url`, each.")
     find_links: list[str] = Field(default_factory=list, description="`--find-links`, each (paths or URLs).")
@@ -251,6 +260,8 @@ class PipStep(StepKind):
         python = self.target_python(ctx)
         if not Path(python).exists() and "/" in python:
             return Probe.missing(f"{python} does not exist" + (" (no venv yet)" if self.pip_spec.venv else ""))
+        if self.pip_spec.venv and self.pip_spec.inherit_packages and not self._inherit_files(ctx):
+            return Probe.missing("the venv does not inherit its base interpreter's packages yet")
         problems = self.unsatisfied(ctx, python)
         if problems:
             return Probe.drift("; ".join(problems), tuple(problems))
@@ -282,13 +293,36 @@ class PipStep(StepKind):
     def _ensure_venv(self, ctx: StepContext) -> None:
         assert self.pip_spec.venv
         root = ctx.resolve(self.pip_spec.venv)
-        if (root / "pyvenv.cfg").exists() and (root / "bin" / "python").exists():
+        if not ((root / "pyvenv.cfg").exists() and (root / "bin" / "python").exists()):
+            base = self.base_python(ctx)
+            ctx.on_output(f"creating virtual environment {root} with {base}")
+            result = run_process([base, "-m", "venv", "--clear", str(root)], ctx, env=ctx.env)
+            if result.returncode != 0:
+                raise StepError(f"creating the venv {root} failed", output_tail="\n".join(result.tail))
+        self._write_inherit(ctx, root)
+
+    def _inherit_files(self, ctx: StepContext) -> list[Path]:
+        assert self.pip_spec.venv
+        return sorted(ctx.resolve(self.pip_spec.venv).glob(f"lib/python*/site-packages/{INHERIT_PTH}"))
+
+    def _write_inherit(self, ctx: StepContext, root: Path) -> None:
+        targets = sorted(root.glob("lib/python*/site-packages"))
+        if not self.pip_spec.inherit_packages:
+            for target in targets:
+                (target / INHERIT_PTH).unlink(missing_ok=True)
             return
         base = self.base_python(ctx)
-        ctx.on_output(f"creating virtual environment {root} with {base}")
-        result = run_process([base, "-m", "venv", "--clear", str(root)], ctx, env=ctx.env)
-        if result.returncode != 0:
-            raise StepError(f"creating the venv {root} failed", output_tail="\n".join(result.tail))
+        query = "import json, site, sys; print(json.dumps(site.getsitepackages()))"
+        try:
+            done = subprocess.run([base, "-I", "-c", query], capture_output=True, text=True, timeout=60)
+            dirs = [d for d in json.loads(done.stdout) if isinstance(d, str)]
+        except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+            raise StepError(f"cannot read the site-packages of {base}: {exc}") from None
+        own = {os.path.realpath(t) for t in targets}
+        lines = [d for d in dirs if os.path.realpath(d) not in own]
+        for target in targets:
+            (target / INHERIT_PTH).write_text("".join(f"{d}\n" for d in lines), encoding="utf-8")
+        ctx.on_output(f"the venv inherits the packages of {base}")
 
     def _install(self, ctx: StepContext, python: str) -> None:
         spec = self.pip_spec

@@ -1,0 +1,5 @@
+#!/bin/bash
+# Exit 0: the task is solved.
+set -e
+test -x run.sh
+test "$(./run.sh)" = ready

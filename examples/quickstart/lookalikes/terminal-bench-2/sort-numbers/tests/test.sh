@@ -1,0 +1,4 @@
+#!/bin/bash
+# Exit 0: the task is solved.
+set -e
+test "$(tr "\n" " " < numbers.txt)" = "9 10 100 "

@@ -1,0 +1,170 @@
+"""The e2b step against this project's E2B-compatible stand-in server, with real e2b SDKs.
+
+The SDK that runner depends on (>= 2.51) creates sandboxes with POST /v2/sandboxes; an older one (< 2.51,
+installed by a pip step into a venv that inherits the rest) uses POST /sandboxes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import Project, free_port
+from standin import standin
+
+KEY = "e2b_" + "5ec7e7" * 7
+
+
+def check_pipeline(url: str, key: str, python: str | None = None, extra: str = "") -> str:
+    python_line = f"\n              python: {python}" if python else ""
+    return f"""
+        name: check
+        secrets: [key]
+        vars: {{key: "{key}"}}
+        steps:
+          - name: settings
+            env:
+              E2B_API_URL: "{url}"
+              E2B_SANDBOX_URL: "{url}"
+              E2B_API_KEY: "{{{{ vars.key }}}}"
+          - name: check
+            e2b:
+              template: base{python_line}{extra}
+        """
+
+
+def no_key_anywhere(project: Project, key: str, *texts: str) -> None:
+    for text in texts:
+        assert key not in text
+    for path in (project.path / ".runner").rglob("*"):
+        if path.is_file() and path.name not in ("secrets.json", "env.sh"):
+            assert key not in path.read_text(errors="replace"), path
+
+
+@pytest.fixture(scope="session")
+def old_sdk_python(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A venv with e2b < 2.51 (from the package index), made by runner's own pip step."""
+    where = tmp_path_factory.mktemp("old-sdk")
+    project = Project(where)
+    project.write(
+        f"""
+        name: old-sdk
+        steps:
+          - name: sdk
+            pip:
+              venv: venv
+              python: {sys.executable}
+              inherit_packages: true
+              packages: ["e2b<2.51"]
+        """
+    )
+    result = project.run("apply", timeout=600)
+    if result.code != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"cannot install e2b<2.51: {result.text}")
+        pytest.skip(f"cannot install e2b<2.51 (no package index?): {result.text[-300:]}")
+    return str(where / "venv" / "bin" / "python")
+
+
+def test_check_passes_through_v2_then_converges_without_calling(project: Project, tmp_path: Path) -> None:
+    with standin(tmp_path, KEY, "--verbose") as url:
+        project.write(check_pipeline(url, KEY))
+        first = project.run("apply")
+        assert first.code == 0, first.text
+        log = next(tmp_path.glob("standin-*.log")).read_text()
+        assert "POST /v2/sandboxes" in log and "POST /process.Process/Start" in log
+        assert "DELETE /sandboxes/" in log  # always killed
+        state = json.loads((project.path / ".runner" / "state.json").read_text())
+        outputs = state["steps"]["check"]["outputs"]
+        assert outputs["exit_code"] == 0 and "ok" in outputs["stdout"]
+        assert outputs["sdk_version"].startswith("2.") and outputs["key_digest"].startswith("sha256:")
+
+        calls = log.count("POST /v2/sandboxes")
+        second = project.run("apply")
+        assert second.code == 0 and "changed=0" in second.out, second.text
+        assert next(tmp_path.glob("standin-*.log")).read_text().count("POST /v2/sandboxes") == calls
+        no_key_anywhere(project, KEY, first.text, second.text)
+
+
+def test_old_sdk_creates_through_post_sandboxes(project: Project, tmp_path: Path, old_sdk_python: str) -> None:
+    with standin(tmp_path, KEY, "--verbose", "--v1-only") as url:
+        project.write(check_pipeline(url, KEY, python=old_sdk_python))
+        result = project.run("apply")
+        assert result.code == 0, result.text
+        log = next(tmp_path.glob("standin-*.log")).read_text()
+        assert '"POST /sandboxes HTTP/1.1" 201' in log and "/v2/sandboxes" not in log
+        state = json.loads((project.path / ".runner" / "state.json").read_text())
+        assert state["steps"]["check"]["outputs"]["sdk_version"].startswith("2.5")  # 2.50.x or older 2.5x
+
+
+def test_new_sdk_against_an_old_server_names_pr_306_and_the_fixes(project: Project, tmp_path: Path) -> None:
+    with standin(tmp_path, KEY, "--v1-only") as url:
+        project.write(check_pipeline(url, KEY))
+        result = project.run("apply")
+    assert result.code == 1
+    assert "405" in result.out and "POST /v2/sandboxes" in result.out and "PR #306" in result.out
+    assert "e2b<2.51" in result.out and "newer AgentENV image" in result.out
+    assert "Traceback" not in result.text
+
+
+def test_wrong_key_is_a_401_that_never_shows_the_key(project: Project, tmp_path: Path) -> None:
+    wrong = "e2b_" + "0badc0de" * 5
+    with standin(tmp_path, KEY) as url:
+        project.write(check_pipeline(url, wrong))
+        result = project.run("apply")
+    assert result.code == 1
+    assert f"the API key was rejected by {url} (401)" in result.out
+    assert "AENV_API_KEY" in result.out  # the hint says where the right key comes from
+    no_key_anywhere(project, wrong, result.text)
+
+
+def test_nothing_listening_is_connection_refused(project: Project) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    project.write(check_pipeline(url, KEY))
+    result = project.run("apply")
+    assert result.code == 1
+    assert f"connection refused at {url}: the server at that URL is not up" in result.out
+    no_key_anywhere(project, KEY, result.text)
+
+
+def test_failing_command_fails_the_check_and_still_kills_the_sandbox(project: Project, tmp_path: Path) -> None:
+    with standin(tmp_path, KEY, "--verbose") as url:
+        project.write(check_pipeline(url, KEY, extra='\n              command: "echo broken; exit 3"'))
+        result = project.run("apply")
+        log = next(tmp_path.glob("standin-*.log")).read_text()
+    assert result.code == 1
+    assert "exited 3" in result.out and "expected 0" in result.out and "broken" in result.out
+    assert "DELETE /sandboxes/" in log
+
+
+def test_unknown_template_and_missing_settings(project: Project, tmp_path: Path) -> None:
+    with standin(tmp_path, KEY) as url:
+        project.write(check_pipeline(url, KEY).replace("template: base", "template: gpu-box"))
+        result = project.run("apply")
+    assert result.code == 1 and "template 'gpu-box' is not known" in result.out
+
+    project.write(
+        """
+        name: nosettings
+        steps:
+          - name: check
+            e2b: {}
+        """
+    )
+    env_less = project.run("apply")
+    assert env_less.code == 1 and "no API URL" in env_less.out
+
+
+def test_the_standin_refuses_a_non_loopback_address() -> None:
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-m", "sandbox_standin", "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2 and "not a loopback address" in result.stderr
