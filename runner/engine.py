@@ -350,8 +350,11 @@ class Engine:
             self.load_state()
             log_dir = self.pipeline.state_dir / "logs" / self.run_id
             self._prune_logs()
-            with _signals_raise():
-                return self._schedule(log_dir)
+            try:
+                with _signals_raise():
+                    return self._schedule(log_dir)
+            finally:
+                self.state.compact()  # state.json alone holds the whole state once apply ends
 
     def _prune_logs(self) -> None:
         logs = self.pipeline.state_dir / "logs"
@@ -579,6 +582,7 @@ class Engine:
             self.load_state()
             existed = self.state.record(name) is not None or bool(self.secrets.get(name))
             self.state.replace(name, None)
+            self.state.compact()
             self.secrets.put(name, None)
             return existed
 
@@ -622,6 +626,7 @@ class Engine:
                     "reason": "marked done by hand",
                 },
             )
+            self.state.compact()
 
     def stop(self, name: str) -> str:
         """Stop what a step started (a detached job). Raises StepError when there is nothing to stop."""

@@ -70,8 +70,9 @@ def dotted(path: Path_) -> str:
     return out
 
 
-class _Loader(yaml.SafeLoader):
-    pass
+# libyaml's parser where PyYAML has it (several times faster); the pure-Python one otherwise. Both give the
+# nodes their marks, which is all the loader needs.
+_Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _construct(node: yaml.Node, path: Path_, data: MarkedData, depth: int) -> Any:

@@ -1,7 +1,11 @@
-"""The .runner/ store: state.json (schema-versioned, written atomically), logs, and the lock.
+"""The .runner/ store: state.json plus its journal, logs, and the lock.
 
-Every step transition (started, finished, failed, interrupted) rewrites state.json through a temporary file,
-fsync and rename, so a crash at any instant leaves either the old or the new state, never half of one.
+`state.json` is a snapshot (schema-versioned, written atomically: temporary file, fsync, rename). Each step
+transition between snapshots is one line appended (and fsynced) to `journal-<generation>.jsonl`, holding that
+step's whole new record, so a transition costs one record, not the whole state. Loading replays the journal of
+the snapshot's generation over it; a torn last line (a crash mid-append) is ignored. The journal is folded
+into a new snapshot when it grows past the number of steps, and when an apply ends — so after any finished
+command state.json alone is the whole state, and at any instant snapshot + journal is a consistent one.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 from runner.errors import LockedError, StateError
 
 SCHEMA_VERSION = 1
+COMPACT_MIN = 64  # journal entries before a snapshot, at the least
 
 
 def now() -> float:
@@ -61,13 +66,33 @@ class StateStore:
         self.dir = state_dir
         self.path = state_dir / "state.json"
         self._lock = threading.Lock()
-        self.data: dict[str, Any] = {"schema": SCHEMA_VERSION, "steps": {}}
+        self.data: dict[str, Any] = {"schema": SCHEMA_VERSION, "generation": 0, "steps": {}}
+        self._journal: Any = None  # the open journal file, appended to between snapshots
+        self._entries = 0
+
+    @property
+    def generation(self) -> int:
+        return int(self.data.get("generation", 0))
+
+    def journal_path(self, generation: int | None = None) -> Path:
+        return self.dir / f"journal-{self.generation if generation is None else generation}.jsonl"
 
     def load(self) -> StateStore:
+        for _ in range(5):  # a reader without the lock may race a compaction: read until both agree
+            data = self._read_snapshot()
+            entries = self._replay(data)
+            again = self._read_snapshot()
+            if again.get("generation", 0) == data.get("generation", 0):
+                break
+        self.data = data
+        self._entries = entries
+        return self
+
+    def _read_snapshot(self) -> dict[str, Any]:
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
-            return self
+            return {"schema": SCHEMA_VERSION, "generation": 0, "steps": {}}
         except OSError as exc:
             raise StateError(f"cannot read {self.path}: {exc.strerror}") from None
         try:
@@ -84,8 +109,33 @@ class StateStore:
             raise StateError(
                 f"{self.path} has schema {schema!r}; this runner reads schema {SCHEMA_VERSION}: upgrade runner"
             )
-        self.data = data
-        return self
+        if not isinstance(data.get("generation", 0), int):
+            raise StateError(f"{self.path} has a bad generation; move it away to start over")
+        return data
+
+    def _replay(self, data: dict[str, Any]) -> int:
+        path = self.dir / f"journal-{data.get('generation', 0)}.jsonl"
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise StateError(f"cannot read {path}: {exc.strerror}") from None
+        count = 0
+        for line in raw.split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                entry = json.loads(line)
+                name, record = entry["step"], entry["record"]
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn line from a crash mid-append: that transition never completed
+            if record is None:
+                data["steps"].pop(name, None)
+            elif isinstance(record, dict):
+                data["steps"][name] = record
+            count += 1
+        return count
 
     @property
     def steps(self) -> dict[str, dict[str, Any]]:
@@ -97,24 +147,71 @@ class StateStore:
 
     def update(self, name: str, **fields: Any) -> None:
         with self._lock:
-            rec = self.steps.setdefault(name, {})
+            rec = dict(self.steps.get(name) or {})
             rec.update(fields)
-            self._write()
+            self._commit(name, rec)
 
     def replace(self, name: str, record: dict[str, Any] | None) -> None:
         with self._lock:
-            if record is None:
-                self.steps.pop(name, None)
-            else:
-                self.steps[name] = record
-            self._write()
+            self._commit(name, record)
 
-    def _write(self) -> None:
+    def _commit(self, name: str, record: dict[str, Any] | None) -> None:
+        """Journal the new record durably, then take it: on a failed write the old record stays."""
+        line = json.dumps({"step": name, "record": record}, sort_keys=True, separators=(",", ":")) + "\n"
+        try:
+            if self._journal is None:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                self._journal = open(self.journal_path(), "ab")
+                if self._journal.tell() and not self._ends_with_newline():
+                    self._journal.write(b"\n")  # close off a torn line left by a crash
+            self._journal.write(line.encode())
+            self._journal.flush()
+            os.fsync(self._journal.fileno())
+        except OSError as exc:
+            self._close_journal()
+            raise StateError(
+                f"cannot write {self.journal_path()}: {exc.strerror}; the previous state is kept"
+            ) from None
+        if record is None:
+            self.steps.pop(name, None)
+        else:
+            self.steps[name] = record
+        self._entries += 1
+        if self._entries > max(COMPACT_MIN, len(self.steps)):
+            self._compact()
+
+    def _ends_with_newline(self) -> bool:
+        with open(self.journal_path(), "rb") as fh:
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) == b"\n"
+
+    def _close_journal(self) -> None:
+        if self._journal is not None:
+            with contextlib.suppress(OSError):
+                self._journal.close()
+            self._journal = None
+
+    def compact(self) -> None:
+        """Fold the journal into a new snapshot (when there is anything to fold)."""
+        with self._lock:
+            if self._entries or self.journal_path().exists():
+                self._compact()
+
+    def _compact(self) -> None:
+        old = self.generation
+        data = {**self.data, "generation": old + 1}
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, json.dumps(self.data, indent=1, sort_keys=True) + "\n")
+            atomic_write(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
         except OSError as exc:
             raise StateError(f"cannot write {self.path}: {exc.strerror}; the previous state is kept") from None
+        self.data = data
+        self._close_journal()
+        self._entries = 0
+        for stale in self.dir.glob("journal-*.jsonl"):
+            if stale.name != self.journal_path().name:
+                with contextlib.suppress(OSError):
+                    stale.unlink()
 
 
 def _alive(pid: int) -> bool:

@@ -10,8 +10,9 @@ Example::
       assert: {kernel: "6.8", message: "AgentENV needs Linux >= 6.8"}
 
 Every check given in one step must hold: ``path`` exists, ``command`` exits 0, the running ``kernel`` is at
-least that version, ``file`` contains ``contains``, each variable in ``env`` is set and not empty, and
-``that`` (usually a template such as ``"{{ vars.n | int > 0 }}"``) renders true. Checks run on every apply.
+least that version, ``file`` contains ``contains``, each variable in ``env`` is set and not empty, each
+``program`` is on PATH, and ``that`` (usually a template such as ``"{{ vars.n | int > 0 }}"``) renders true.
+Checks run on every apply.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import platform
 import re
 import shlex
+import shutil
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
@@ -47,6 +49,9 @@ class AssertSpec(SpecModel):
     file: str | None = Field(None, description="A file that must contain `contains`.")
     contains: str | None = Field(None, description="The text `file` must contain.")
     env: str | list[str] | None = Field(None, description="Variables that must be set and not empty.")
+    program: str | list[str] | None = Field(
+        None, description="Programs that must be on PATH (looked up, not run: cheap on every apply)."
+    )
     that: str | bool | None = Field(None, description="A condition (usually a template) that must be true.")
     message: str | None = Field(None, description="The message shown when a check fails: say how to fix it.")
 
@@ -59,9 +64,9 @@ class AssertSpec(SpecModel):
 
     @model_validator(mode="after")
     def _some_check(self) -> AssertSpec:
-        checks = [self.path, self.command, self.kernel, self.file, self.env, self.that]
+        checks = [self.path, self.command, self.kernel, self.file, self.env, self.program, self.that]
         if all(c is None for c in checks):
-            raise ValueError("give at least one check: path, command, kernel, file, env or that")
+            raise ValueError("give at least one check: path, command, kernel, file, env, program or that")
         if (self.file is None) != (self.contains is None):
             raise ValueError("`file` and `contains` go together")
         return self
@@ -105,6 +110,10 @@ class AssertStep(StepKind):
             for name in names:
                 if not ctx.env.get(name):
                     failures.append(f"variable {name} is not set")
+        if spec.program is not None:
+            for program in [spec.program] if isinstance(spec.program, str) else spec.program:
+                if shutil.which(program, path=ctx.env.get("PATH")) is None:
+                    failures.append(f"{program} is not on PATH")
         if spec.that is not None:
             word = str(spec.that).strip().lower()
             if word in FALSE_WORDS:

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import Field
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
 from steps.gitdir import git_dir, head, origin_url, same_url
@@ -182,6 +181,8 @@ class GitStep(StepKind):
                 f"{ctx.name}: {what} attempt {state.attempt_number} of {spec.attempts} failed "
                 f"({getattr(exc, 'message', exc)}); retrying"
             )
+
+        from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential  # only to clone
 
         retrying = Retrying(
             stop=stop_after_attempt(spec.attempts),

@@ -22,6 +22,7 @@ version) and `python`.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -76,7 +77,8 @@ env = {
     "python_version": ".".join(platform.python_version_tuple()[:2]),
     "sys_platform": sys.platform,
 }
-print(json.dumps({"executable": sys.executable, "prefix": sys.prefix, "dists": dists, "env": env}))
+paths = [p for p in sys.path if p and os.path.isdir(p)]
+print(json.dumps({"executable": sys.executable, "prefix": sys.prefix, "dists": dists, "env": env, "path": paths}))
 """
 
 _cache: dict[str, dict[str, Any]] = {}
@@ -87,11 +89,38 @@ def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def query(python: str, env: Mapping[str, str]) -> dict[str, Any]:
-    """What is installed for this interpreter; asked once per run and shared between steps."""
+def _stamp(python: str, paths: list[str]) -> list[Any]:
+    """What changes when anything is installed or removed: the mtimes of the interpreter and of every
+    directory on its sys.path (pip adds and removes dist-info directories and .pth files there)."""
+    stamp: list[Any] = [os.uname().release]
+    for path in [python, os.path.realpath(python), *paths]:
+        try:
+            info = os.stat(path)
+            stamp.append([path, info.st_mtime_ns, info.st_size])
+        except OSError:
+            stamp.append([path, None])
+    return stamp
+
+
+def _cache_file(cache_dir: Path, python: str) -> Path:
+    return cache_dir / "pip" / (hashlib.sha256(python.encode()).hexdigest()[:20] + ".json")
+
+
+def query(python: str, env: Mapping[str, str], cache_dir: Path | None = None) -> dict[str, Any]:
+    """What is installed for this interpreter: asked once per run and shared between steps, and kept on disk
+    while no directory on the interpreter's path has changed, so a converged run need not ask at all."""
     with _cache_lock:
         if python in _cache:
             return _cache[python]
+    if cache_dir is not None:
+        try:
+            kept = json.loads(_cache_file(cache_dir, python).read_text(encoding="utf-8"))
+            if kept.get("stamp") == _stamp(python, kept["data"].get("path", [])):
+                with _cache_lock:
+                    _cache[python] = kept["data"]
+                return dict(kept["data"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
     clean = {k: v for k, v in env.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
     try:
         proc = subprocess.run([python, "-I", "-c", QUERY], capture_output=True, text=True, env=clean, timeout=120)
@@ -104,12 +133,23 @@ def query(python: str, env: Mapping[str, str]) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(proc.stdout)
     with _cache_lock:
         _cache[python] = data
+    if cache_dir is not None:
+        target = _cache_file(cache_dir, python)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps({"stamp": _stamp(python, data.get("path", [])), "data": data}))
+            os.replace(tmp, target)
+        except OSError:
+            pass  # a cache only
     return data
 
 
-def forget_query(python: str) -> None:
+def forget_query(python: str, cache_dir: Path | None = None) -> None:
     with _cache_lock:
         _cache.pop(python, None)
+    if cache_dir is not None:
+        _cache_file(cache_dir, python).unlink(missing_ok=True)
 
 
 INHERIT_PTH = "_runner_inherit.pth"
@@ -241,7 +281,7 @@ class PipStep(StepKind):
         """Why the environment does not satisfy the spec: one line per problem, empty when it does."""
         from packaging.requirements import InvalidRequirement, Requirement
 
-        data = query(python, ctx.env)
+        data = query(python, ctx.env, ctx.state_dir / "cache")
         dists: dict[str, Any] = data["dists"]
         env: dict[str, str] = data["env"]
         reqs, editables, _ = self._files(ctx)
@@ -274,12 +314,12 @@ class PipStep(StepKind):
         if spec.venv:
             self._ensure_venv(ctx)
         python = self.target_python(ctx)
-        forget_query(python)
+        forget_query(python, ctx.state_dir / "cache")
         problems = self.unsatisfied(ctx, python)
         if problems:
             ctx.on_output("to install: " + "; ".join(problems))
             self._install(ctx, python)
-            forget_query(python)
+            forget_query(python, ctx.state_dir / "cache")
             left = self.unsatisfied(ctx, python)
             if left:
                 raise StepError(
@@ -366,7 +406,7 @@ class PipStep(StepKind):
     def _versions(self, ctx: StepContext, python: str) -> dict[str, str]:
         from packaging.requirements import InvalidRequirement, Requirement
 
-        dists = query(python, ctx.env)["dists"]
+        dists = query(python, ctx.env, ctx.state_dir / "cache")["dists"]
         reqs, editables, _ = self._files(ctx)
         out: dict[str, str] = {}
         for line in reqs:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -59,6 +57,9 @@ class Readiness(SpecModel):
 
 
 def _try_http(url: str, statuses: list[int], timeout: float) -> tuple[bool, str]:
+    import urllib.error  # here, not at the top: a converged run never sends a request
+    import urllib.request
+
     request = urllib.request.Request(url, method="GET", headers={"User-Agent": "runner"})
     try:
         with urllib.request.urlopen(request, timeout=timeout) as answer:  # noqa: S310 - the user's own URL
