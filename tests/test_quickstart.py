@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,6 +13,13 @@ import pytest
 from conftest import ROOT, Project, free_port
 
 EXAMPLE = ROOT / "examples" / "quickstart"
+# Runs the CLI and prints, as it exits, every module the run imported.
+MODULES_AT_EXIT = (
+    "import atexit, json, runpy, sys\n"
+    "atexit.register(lambda: print(json.dumps(sorted(sys.modules)), file=sys.stderr))\n"
+    "sys.argv = ['runner', *sys.argv[1:]]\n"
+    "runpy.run_module('runner', run_name='__main__')\n"
+)
 
 
 @pytest.fixture
@@ -60,6 +68,21 @@ def test_quickstart_applies_converges_and_resumes_after_a_failed_rollout(quickst
     second = quickstart.run("apply", *port)
     assert second.code == 0 and "changed=0" in second.out, second.text
     assert set(statuses(second.out).values()) == {"ok"}
+
+    # A converged run imports no e2b (about 0.3 s here) and no module of a kind the pipeline does not use.
+    traced = subprocess.run(
+        [sys.executable, "-c", MODULES_AT_EXIT, "apply", *port],
+        cwd=quickstart.path,
+        env=quickstart.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert traced.returncode == 0, traced.stdout + traced.stderr
+    imported = set(json.loads(traced.stderr.strip().splitlines()[-1]))
+    assert "steps.pip" in imported and "steps.git" in imported  # it does see the kinds in use
+    assert not {m for m in imported if m == "e2b" or m.startswith("e2b.")}
+    assert not imported & {"steps.docker", "steps.docker_engine", "docker", "steps.capture"}
 
     # The rollout fails once (its results directory is blocked by a file), then the fix resumes only it.
     results.unlink()

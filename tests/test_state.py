@@ -63,7 +63,7 @@ def test_writes_stay_proportional_to_the_transitions(tmp_path: Path) -> None:
 
 
 def test_fifty_parallel_steps_are_all_recorded(project: Project) -> None:
-    steps = "\n".join(f"  - name: p{i}\n    needs: []\n    run: {{command: \"true\"}}" for i in range(50))
+    steps = "\n".join(f'  - name: p{i}\n    needs: []\n    run: {{command: "true"}}' for i in range(50))
     project.write(f"name: many\nsteps:\n{steps}\n")
     result = project.run("apply", "-j", "8")
     assert result.code == 0, result.text
