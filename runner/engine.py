@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import json
 import os
+import re
 import shutil
 import signal
 import threading
@@ -28,7 +30,7 @@ from runner.load import validation_errors
 from runner.model import Pipeline, StepDecl
 from runner.secrets import Masker, SecretStore
 from runner.state import StateStore, iso, lock_holder, now, pipeline_lock
-from runner.template import Facts, Outputs, RenderError, render_data, render_string, when_source
+from runner.template import Facts, Outputs, RenderError, render_data, render_string, render_value, when_source
 from runner.ui import Reporter
 from steps import kind_class
 from steps.base import Probe, StepContext, StepError, StepKind
@@ -36,6 +38,7 @@ from steps.base import Probe, StepContext, StepError, StepKind
 Action = Literal["run", "ok", "skip", "maybe", "pending", "fail"]
 Status = Literal["ok", "changed", "failed", "skipped", "blocked", "interrupted", "unselected", "pending"]
 KEPT_RUNS = 20
+ITEM_KEY = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")
 
 
 @dataclass
@@ -68,6 +71,7 @@ class Result:
     log: str = ""
     input_error: bool = False
     attempts: int = 0
+    note: str = ""  # shown after the status whatever it is (a loop's summary)
 
 
 class Interrupted(BaseException):
@@ -88,6 +92,19 @@ class Prepared:
     spec: dict[str, Any]
     fingerprint: str
     upstream: dict[str, str]
+    record: str = ""  # where its record lives: the step's name, or `name[key]` for an item of for_each
+
+    def __post_init__(self) -> None:
+        self.record = self.record or self.step.name
+
+
+@dataclass
+class Item:
+    """One item of a for_each step."""
+
+    key: str
+    value: Any
+    index: int
 
 
 class Engine:
@@ -150,13 +167,17 @@ class Engine:
                 merged.update(self.exports[other.name])
         return merged
 
-    def _context(self, step: StepDecl, exported: dict[str, str]) -> dict[str, Any]:
-        return {
+    def _context(self, step: StepDecl, exported: dict[str, str], item: Item | None = None) -> dict[str, Any]:
+        context: dict[str, Any] = {
             "vars": self.pipeline.vars,
             "env": {**os.environ, **exported},
             "facts": self.facts,
             "steps": {name: Outputs(name, self.outputs[name]) for name in step.refs if name in self.outputs},
         }
+        if item is not None:
+            context["item"] = item.value
+            context["item_index"] = item.index
+        return context
 
     def _render_error(self, step: StepDecl, exc: RenderError) -> InputError:
         path = ("steps", step.index, *exc.path)
@@ -180,12 +201,53 @@ class Engine:
             return False
         raise self._render_error(step, RenderError(f"`when` rendered to {text!r}, not true or false", ("when",)))
 
-    def prepare(self, step: StepDecl, log_path: Path | None = None) -> Prepared | None:
-        """Render a step; None when its `when` is false. Raises InputError for template and spec errors."""
+    def items(self, step: StepDecl) -> list[Item] | None:
+        """The items of a for_each step, rendered; None when its `when` is false."""
         exported = self._exported_before(step)
         context = self._context(step, exported)
         if not self.when_holds(step, context):
             return None
+        try:
+            value = render_value(step.common.for_each, context, ("for_each",))
+        except RenderError as exc:
+            raise self._render_error(step, exc) from None
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    value = json.loads(text)
+                except ValueError:
+                    raise self._render_error(
+                        step, RenderError(f"for_each rendered to {text[:80]!r}, which is not a JSON list", ())
+                    ) from None
+            else:
+                value = [part.strip() for part in text.split(",") if part.strip()]
+        if isinstance(value, dict):
+            value = [{"key": k, "value": v} for k, v in value.items()]
+        if not isinstance(value, (list, tuple)):
+            raise self._render_error(
+                step, RenderError(f"for_each must give a list, not {type(value).__name__}", ("for_each",))
+            )
+        items: list[Item] = []
+        seen: dict[str, int] = {}
+        for index, entry in enumerate(value):
+            key = item_key(entry)
+            if key in seen:
+                raise self._render_error(
+                    step, RenderError(f"for_each has item {key!r} twice (at {seen[key]} and {index})", ("for_each",))
+                )
+            seen[key] = index
+            items.append(Item(key, entry, index))
+        return items
+
+    def prepare(self, step: StepDecl, log_path: Path | None = None, item: Item | None = None) -> Prepared | None:
+        """Render a step (or one item of it); None when its `when` is false. Raises InputError for template
+        and spec errors."""
+        exported = self._exported_before(step)
+        context = self._context(step, exported, item)
+        if item is None and not self.when_holds(step, context):
+            return None
+        record_name = f"{step.name}[{item.key}]" if item is not None else step.name
         try:
             rendered = render_data(step.raw, context, (step.kind,))
         except RenderError as exc:
@@ -202,17 +264,17 @@ class Engine:
         if cls.exports_env:
             self.exports[step.name] = instance.exports()
         ctx = StepContext(
-            name=step.name,
+            name=record_name,
             pipeline_dir=self.pipeline.dir,
             state_dir=self.pipeline.state_dir,
             env={**os.environ, **exported},
             exported=exported,
             timeout=step.common.timeout,
             log_path=log_path,
-            record_outputs=(self.state.record(step.name) or {}).get("outputs", {}),
+            record_outputs=(self.state.record(record_name) or {}).get("outputs", {}),
             cancel=self.cancel,
             mask=self.masker.mask,
-            stored_secrets=self.secrets.get(step.name),
+            stored_secrets=self.secrets.get(record_name),
             notice=self.reporter.notice,
         )
         dumped = spec.model_dump(mode="json")
@@ -223,14 +285,14 @@ class Engine:
         extra = instance.fingerprint_extra(ctx)
         fingerprint = step_fingerprint(step.kind, spec_data, extra, upstream)
         ctx.fingerprint = fingerprint
-        return Prepared(step, instance, ctx, spec_data, fingerprint, upstream)
+        return Prepared(step, instance, ctx, spec_data, fingerprint, upstream, record_name)
 
     # ---- deciding -------------------------------------------------------------------------------------
 
     def decide(self, prep: Prepared, crashed_ok: bool) -> Decision:
-        name = prep.step.name
+        name = prep.record
         record = self.state.record(name)
-        if name in self.options.force:
+        if prep.step.name in self.options.force:
             return Decision(name, "run", "forced (--force)")
         if record is None:
             return Decision(name, "run", "no record yet")
@@ -265,7 +327,7 @@ class Engine:
                 return Decision(
                     name,
                     "pending",
-                    f"restart pending ({decision.reason}); {live}; `apply --force {name}` restarts it",
+                    f"restart pending ({decision.reason}); {live}; `apply --force {prep.step.name}` restarts it",
                     decision.changes,
                 )
             return decision
@@ -281,6 +343,27 @@ class Engine:
         except (StepError, OSError):
             return None
         return self.masker.mask(live) if live else None
+
+    def _plan_each(self, step: StepDecl, crashed_ok: bool, pending_up: list[str], failing_up: list[str]) -> Decision:
+        name = step.name
+        items = self.items(step)
+        if items is None:
+            return Decision(name, "skip", f"`when` is false: {step.common.when}")
+        if pending_up:
+            return Decision(name, "maybe", _after(pending_up, failing_up) + f" ({len(items)} items)")
+        to_run: list[str] = []
+        changes: list[str] = []
+        for item in items:
+            prep = self.prepare(step, item=item)
+            assert prep is not None
+            decision = self.decide(prep, crashed_ok)
+            if decision.action not in ("ok", "pending"):
+                to_run.append(f"{item.key} ({decision.reason})")
+                changes += [f"[{item.key}] {c}" for c in decision.changes]
+        if not to_run:
+            return Decision(name, "ok", f"{len(items)} items up to date")
+        shown = "; ".join(to_run[:3]) + (f"; and {len(to_run) - 3} more" if len(to_run) > 3 else "")
+        return Decision(name, "run", f"{len(to_run)} of {len(items)} items to run: {shown}", changes)
 
     def _preview(self, prep: Prepared) -> str | None:
         try:
@@ -320,6 +403,14 @@ class Engine:
                 if step.kind == "env":
                     with contextlib.suppress(InputError):
                         self.prepare(step)
+                continue
+            if step.common.for_each is not None:
+                try:
+                    decisions[name] = self._plan_each(step, holder is None, pending_up, failing_up)
+                except InputError as exc:
+                    if not pending_up:
+                        raise exc
+                    decisions[name] = Decision(name, "maybe", _after(pending_up, failing_up))
                 continue
             try:
                 prep = self.prepare(step)
@@ -438,6 +529,8 @@ class Engine:
     def _run_one(self, name: str, log_dir: Path) -> Result:
         step = self.pipeline.step(name)
         started = time.monotonic()
+        if step.common.for_each is not None:
+            return self._run_each(step, log_dir, started)
         log_path = log_dir / f"{name}.log"
         try:
             prep = self.prepare(step, log_path)
@@ -459,8 +552,96 @@ class Engine:
             return result
         return self._execute(prep, decision, started, log_path)
 
+    def _run_each(self, step: StepDecl, log_dir: Path, started: float) -> Result:
+        """A for_each step: its items in order, each decided and recorded on its own; then one record for the
+        step whose outputs (`items`, `keys`, `count`) and digest later steps see."""
+        name = step.name
+        try:
+            items = self.items(step)
+        except InputError as exc:
+            result = Result(name, "failed", error=str(exc), input_error=True)
+            self.reporter.step_finished(result)
+            return result
+        if items is None:
+            self._adopt_record(name)
+            self.digests[name] = "skipped"
+            result = Result(name, "skipped", f"`when` is false: {step.common.when}")
+            self.reporter.step_finished(result)
+            return result
+        ran = 0
+        kept: list[dict[str, Any]] = []
+        for item in items:
+            self.reporter.progress(name, item.index, len(items), "items")
+            log_path = log_dir / f"{name}[{item.key}].log"
+            try:
+                prep = self.prepare(step, log_path, item)
+            except InputError as exc:
+                result = Result(name, "failed", error=f"item {item.key}: {exc}", input_error=True)
+                self.reporter.step_finished(result)
+                return result
+            assert prep is not None
+            decision = self.decide(prep, crashed_ok=True)
+            if decision.action not in ("ok", "pending"):
+                outcome = self._execute(prep, decision, time.monotonic(), log_path)
+                if outcome.status not in ("ok", "changed"):
+                    done = sum(1 for other in items[: item.index])
+                    return Result(
+                        name,
+                        outcome.status,
+                        f"item {item.key} ({item.index + 1} of {len(items)}) did not succeed; {done} before it done",
+                        time.monotonic() - started,
+                        error=f"item {item.key}: {outcome.error}",
+                        log=outcome.log,
+                        attempts=outcome.attempts,
+                    )
+                ran += 1
+            record = self.state.record(prep.record) or {}
+            kept.append(record)
+        self.reporter.progress(name, len(items), len(items), "items")
+        outputs = [
+            {**(r.get("outputs") or {}), **self.secrets.get(f"{name}[{i.key}]")}
+            for r, i in zip(kept, items, strict=True)
+        ]
+        keys = [i.key for i in items]
+        aggregate = {"items": outputs, "keys": keys, "count": len(items)}
+        output_digest = digest({"items": [r.get("output_digest") for r in kept], "keys": keys})
+        self.outputs[name] = aggregate
+        self.digests[name] = output_digest
+        previous = self.state.record(name) or {}
+        if ran or previous.get("output_digest") != output_digest or previous.get("status") != "done":
+            masked = self.masker.mask_data(
+                {"items": [r.get("outputs") or {} for r in kept], "keys": keys, "count": len(items)}
+            )
+            self.state.replace(
+                name,
+                {
+                    "status": "done",
+                    "kind": step.kind,
+                    "for_each": keys,
+                    "fingerprint": digest({"items": [r.get("fingerprint") for r in kept]}),
+                    "outputs": masked,
+                    "output_digest": output_digest,
+                    "finished": now(),
+                    "duration": time.monotonic() - started,
+                    "run": self.run_id,
+                },
+            )
+        current = {f"{name}[{k}]" for k in keys}
+        for stale in [n for n in self.state.steps if n.startswith(f"{name}[") and n not in current]:
+            self.state.replace(stale, None)  # an item no longer in the list
+            self.secrets.put(stale, None)
+        changes = kind_class(step.kind).changes_system
+        duration = time.monotonic() - started
+        if ran:
+            summary = f"{ran} of {len(items)} items ran"
+            result = Result(name, "changed" if changes else "ok", summary, duration, note=summary)
+        else:
+            result = Result(name, "ok", f"{len(items)} items up to date", duration)
+        self.reporter.step_finished(result)
+        return result
+
     def _execute(self, prep: Prepared, decision: Decision, started: float, log_path: Path) -> Result:
-        name = prep.step.name
+        name = prep.record
         common = prep.step.common
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if prep.instance.changes_system:
@@ -545,8 +726,9 @@ class Engine:
         masked_outputs = self.masker.mask_data(outputs)
         assert isinstance(masked_outputs, dict)
         output_digest = digest({"fingerprint": prep.fingerprint, "outputs": outputs})
-        self.outputs[name] = dict(outputs)
-        self.digests[name] = output_digest
+        if name == prep.step.name:  # an item's outputs reach later steps through its step's `items`
+            self.outputs[name] = dict(outputs)
+            self.digests[name] = output_digest
         self.state.replace(
             name,
             {
@@ -581,6 +763,9 @@ class Engine:
         with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
             self.load_state()
             existed = self.state.record(name) is not None or bool(self.secrets.get(name))
+            for item in [n for n in self.state.steps if n.startswith(f"{name}[")]:
+                self.state.replace(item, None)
+                self.secrets.put(item, None)
             self.state.replace(name, None)
             self.state.compact()
             self.secrets.put(name, None)
@@ -689,3 +874,18 @@ def _after(pending: list[str], failing: list[str]) -> str:
     if failing:
         text += f"; blocked while {', '.join(failing)} would fail"
     return text
+
+
+def item_key(value: Any) -> str:
+    """A for_each item's name in records and logs: the item itself when it is a short plain word, else a
+    readable prefix and a digest."""
+    if isinstance(value, bool) or value is None:
+        text = json.dumps(value)
+    elif isinstance(value, (str, int, float)):
+        text = str(value)
+    else:
+        return "item-" + digest(value)[-12:]
+    if ITEM_KEY.fullmatch(text):
+        return text
+    readable = re.sub(r"[^A-Za-z0-9_.:@+-]+", "-", text)[:40].strip("-")
+    return f"{readable or 'item'}-{digest(text)[-8:]}"

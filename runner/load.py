@@ -337,6 +337,13 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
             raise err from None
         spec_raw = step_raw[kind]
         cls = kind_class(kind)
+        if common.for_each is not None and cls.exports_env:
+            raise data.error(
+                (*where, "for_each"),
+                f"a {kind} step cannot have for_each: what it exports must be one set of variables",
+                field=f"{label}.for_each",
+                key=True,
+            )
         try:
             cls.Spec.model_validate(spec_raw)
         except ValidationError as exc:

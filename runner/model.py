@@ -50,6 +50,12 @@ class StepCommon(BaseModel):
     retries: int = Field(0, ge=0, le=100, description="How often to retry a failed step.")
     retry_delay: float = Field(2.0, ge=0, le=3600, description="Seconds between retries.")
     timeout: float | None = Field(None, gt=0, description="Seconds the step may take before it is stopped.")
+    for_each: str | list[Any] | None = Field(
+        None,
+        description="Repeat the step for each item of this list (or a template that renders one, or a "
+        "comma-separated string); `{{ item }}` and `{{ item_index }}` in its spec. Items run in order, each with "
+        "its own record: an interrupted loop resumes at the first unfinished item, a changed item re-runs alone.",
+    )
 
     @field_validator("needs", mode="before")
     @classmethod

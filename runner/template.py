@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
 import socket
 import struct
@@ -60,9 +61,17 @@ class _Undefined(jinja2.StrictUndefined):
         return str(super()._undefined_message)
 
 
+class _Environment(SandboxedEnvironment):
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        # `steps.x.items` is the output named items, not the dict method of that name.
+        if isinstance(obj, Outputs) and attribute in obj:
+            return obj[attribute]
+        return super().getattr(obj, attribute)
+
+
 @functools.lru_cache(maxsize=1)
 def environment() -> SandboxedEnvironment:
-    env = SandboxedEnvironment(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
+    env = _Environment(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
     env.filters["quote"] = _quote
     env.filters["bool"] = _bool
     return env
@@ -116,6 +125,34 @@ def render_data(data: Any, context: Mapping[str, Any], path: tuple[str | int, ..
     if isinstance(data, list):
         return [render_data(v, context, (*path, i)) for i, v in enumerate(data)]
     return data
+
+
+_WHOLE_EXPRESSION = re.compile(r"^\s*\{\{(?P<expr>(?:(?!\}\}).)*)\}\}\s*$", re.S)
+
+
+def render_value(source: Any, context: Mapping[str, Any], path: tuple[str | int, ...] = ()) -> Any:
+    """Like render_data, but a string that is one whole `{{ expression }}` keeps the expression's type (a list
+    stays a list): for `for_each: "{{ vars.tasks }}"`."""
+    if not isinstance(source, str):
+        return render_data(source, context, path)
+    match = _WHOLE_EXPRESSION.match(source)
+    if not match:
+        return render_string(source, context, path)
+    try:
+        value = environment().compile_expression(match.group("expr"), undefined_to_none=False)(**context)
+    except jinja2.UndefinedError as exc:
+        raise RenderError(f"undefined in template: {exc.message}", path) from None
+    except jinja2.TemplateSyntaxError as exc:
+        raise RenderError(f"template syntax error: {exc.message}", path) from None
+    except jinja2.exceptions.SecurityError as exc:
+        raise RenderError(f"not allowed in a template: {exc}", path) from None
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError, jinja2.TemplateError) as exc:
+        raise RenderError(f"template error: {exc}", path) from None
+    except RecursionError:
+        raise RenderError("template error: recursion too deep", path) from None
+    if isinstance(value, jinja2.Undefined):
+        raise RenderError("undefined in template", path)
+    return value
 
 
 def iter_strings(data: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], str]]:
@@ -192,6 +229,12 @@ def check_templates(pipeline: Pipeline) -> None:
                 sources.append((path, text, text))
         if isinstance(step.common.when, str):
             sources.append((("steps", step.index, "when"), step.common.when, when_source(step.common.when)))
+        loop = step.common.for_each
+        if loop is not None:
+            for path, text in iter_strings(loop, ("steps", step.index, "for_each")):
+                if is_template(text):
+                    sources.append((path, text, text))
+        allowed = CONTEXT_NAMES | ({"item", "item_index"} if loop is not None else set())
         for path, shown, source in sources:
             field = f"steps[{step.index}] ({step.name})." + ".".join(str(p) for p in path[2:])
             try:
@@ -200,12 +243,16 @@ def check_templates(pipeline: Pipeline) -> None:
                 raise marks.error(path, f"template syntax error: {exc.message} in {shown!r}", field=field) from None
             except RecursionError:
                 raise marks.error(path, "template nested too deeply", field=field) from None
-            for name in sorted(undeclared - CONTEXT_NAMES):
+            if path[2] == "for_each":
+                allowed = CONTEXT_NAMES  # the list itself cannot use its items
+            for name in sorted(undeclared - allowed):
+                hint = " (`item` exists only in a step with `for_each`)" if name in ("item", "item_index") else ""
                 raise marks.error(
                     path,
-                    f"undefined template variable {name!r}; the context has vars, env, facts and steps",
+                    f"undefined template variable {name!r}; the context has vars, env, facts and steps{hint}",
                     field=field,
                 )
+            allowed = CONTEXT_NAMES | ({"item", "item_index"} if loop is not None else set())
             for root, attr, guarded in uses:
                 if root == "vars" and attr not in pipeline.vars and not guarded:
                     known = ", ".join(sorted(pipeline.vars)) or "none"

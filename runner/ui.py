@@ -52,6 +52,9 @@ class Reporter:
     def step_started(self, name: str, reason: str) -> None:
         self._print(f"{'running':<8} {name:<{self.width}} {reason}")
 
+    def progress(self, name: str, done: int, total: int | None, unit: str) -> None:
+        """How far a step is (items of a for_each, bytes of a pull, ...); plain output does not show it."""
+
     def output(self, name: str, line: str) -> None:
         self._print(f"  {name} | {line}")
 
@@ -67,6 +70,8 @@ class Reporter:
             result.status == "ok" and result.reason and result.reason != "up to date"
         ):
             line += f" {result.reason}"
+        elif result.note:
+            line += f" {result.note}"
         self._print(line)
         if result.status in ("failed", "interrupted"):
             for text in result.error.splitlines():
