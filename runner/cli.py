@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -53,9 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-j", "--jobs", type=int, default=1, metavar="N", help="run up to N independent steps at once")
     p.add_argument("--keep-going", action="store_true", help="after a failure, go on with independent steps")
     p.add_argument("-v", "--verbose", action="store_true", help="stream each step's output")
+    p.add_argument("--json", action="store_true", help="one JSON object a line for every event (docs/events.md)")
     p = sub.add_parser("plan", parents=[common], help="what apply would do and why (exit 2: changes pending)")
     selection(p)
     p.add_argument("--force", action="append", default=[], metavar="STEP", help="plan as if STEP were forced")
+    p.add_argument("--json", action="store_true", help="one JSON object a line per step, then a summary")
+    p = sub.add_parser("explain", parents=[common], help="one step's full reasoning: spec, inputs, record, decision")
+    p.add_argument("step")
     sub.add_parser("status", parents=[common], help="each step's last result and whether it is up to date")
     p = sub.add_parser("graph", parents=[common], help="the dependency graph")
     p.add_argument("--format", choices=["text", "dot", "mermaid"], default="text")
@@ -67,10 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("logs", parents=[common_long], help="show a step's log (a job's log for a detached launch)")
     p.add_argument("step")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new lines (Ctrl-C to stop)")
+    p.add_argument("--run", type=int, metavar="N", help="the log of the step's Nth most recent run (1: latest)")
     p = sub.add_parser("stop", parents=[common], help="stop the job a launch step started")
     p.add_argument("step")
     sub.add_parser("validate", parents=[common], help="load and check the pipeline only")
-    sub.add_parser("schema", help="the JSON Schema of the pipeline file, for editors")
+    p = sub.add_parser("schema", help="the JSON Schema of the pipeline file, for editors")
+    p.add_argument("-o", "--output", metavar="FILE", help="write it to FILE (default: print it)")
     return parser
 
 
@@ -93,20 +100,33 @@ def main(argv: list[str] | None = None) -> int:
     debug = getattr(args, "debug", False) or os.environ.get("RUNNER_DEBUG") == "1"
     from runner.errors import InputError, LockedError, StateError
 
+    as_json = getattr(args, "json", False)
+
+    def json_error(message: str) -> None:
+        if as_json:  # the event stream says it too, so a consumer of stdout alone sees why it ended
+            print(json.dumps({"event": "error", "message": message}), flush=True)
+
     try:
         return dispatch(args)
     except UsageError as exc:
         print(f"runner: error: {exc}", file=sys.stderr)
+        json_error(str(exc))
         return EXIT_INPUT
     except InputError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        json_error(str(exc))
         return EXIT_INPUT
     except (StateError, LockedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        json_error(str(exc))
         return EXIT_FAILED
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `runner plan | head`: the reader left; so do we, quietly
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except Exception as exc:  # noqa: BLE001 - the user sees a message, --debug shows the traceback
         if debug:
             traceback.print_exc()
@@ -122,16 +142,30 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "schema":
         from runner.schema import pipeline_schema
 
-        print(json.dumps(pipeline_schema(), indent=2))
+        text = json.dumps(pipeline_schema(), indent=2) + "\n"
+        if args.output:
+            with open(args.output, "w", encoding="utf-8") as fh:
+                fh.write(text)
+            print(f"wrote {args.output}; point editors at it with a first line of")
+            print(f"# yaml-language-server: $schema={args.output}")
+        else:
+            sys.stdout.write(text)
         return EXIT_OK
 
     from runner.engine import Engine, Interrupted, Options
     from runner.load import load_pipeline
-    from runner.ui import Reporter
+    from runner.ui import JsonReporter, LiveReporter, Reporter, use_live_view
 
     overrides = parse_vars(args.var)
     pipeline = load_pipeline(args.file, overrides)
-    reporter = Reporter()
+    width = max([20, *(len(s.name) + 2 for s in pipeline.steps)])
+    reporter: Reporter
+    if getattr(args, "json", False):
+        reporter = JsonReporter(width=width)
+    elif args.command == "apply" and use_live_view(sys.stdout):
+        reporter = LiveReporter(width=width)
+    else:
+        reporter = Reporter(width=width)
     if args.command == "validate":
         print(f"{args.file}: ok ({len(pipeline.steps)} steps)")
         return EXIT_OK
@@ -156,19 +190,34 @@ def dispatch(args: argparse.Namespace) -> int:
     engine = Engine(pipeline, reporter, options)
 
     if args.command == "plan":
+        reporter.run_started(pipeline.name, str(args.file), [s.name for s in pipeline.steps], "plan")
         decisions = engine.plan()
         reporter.plan(decisions)
         return 2 if any(d.action in ("run", "maybe", "pending", "fail") for d in decisions) else EXIT_OK
+    if args.command == "explain":
+        engine_check(engine, args.step)
+        print(engine.explain(args.step))
+        return EXIT_OK
     if args.command == "apply":
+        reporter.run_started(pipeline.name, str(args.file), [s.name for s in pipeline.steps], "apply")
         try:
             results = engine.apply()
         except Interrupted as exc:
-            print("interrupted: the running step was stopped; run apply again to resume", file=sys.stderr)
-            return 130 if exc.signum == 2 else 143
-        reporter.recap(results)
+            reporter.close()
+            code = 130 if exc.signum == 2 else 143
+            reporter.error("interrupted: the running step was stopped; run apply again to resume")
+            return code
+        except BaseException:
+            reporter.close()
+            raise
         if any(r.input_error for r in results if r.status == "failed"):
-            return EXIT_INPUT
-        return EXIT_FAILED if any(r.status in ("failed", "interrupted", "blocked") for r in results) else EXIT_OK
+            code = EXIT_INPUT
+        elif any(r.status in ("failed", "interrupted", "blocked") for r in results):
+            code = EXIT_FAILED
+        else:
+            code = EXIT_OK
+        reporter.run_finished(results, code)
+        return code
     if args.command == "status":
         return show_status(engine)
     if args.command == "env":
@@ -186,8 +235,9 @@ def dispatch(args: argparse.Namespace) -> int:
         print(f"{args.step}: marked done; apply will treat it as up to date")
         return EXIT_OK
     if args.command == "logs":
-        engine_check(engine, args.step)
-        return show_log(engine.log_of(args.step), args.step, args.follow)
+        if "[" not in args.step:  # a for_each item's log is `name[key]`
+            engine_check(engine, args.step)
+        return show_log(engine.log_of(args.step, args.run), args.step, args.follow)
     if args.command == "stop":
         from steps.base import StepError
 

@@ -72,6 +72,7 @@ class Result:
     input_error: bool = False
     attempts: int = 0
     note: str = ""  # shown after the status whatever it is (a loop's summary)
+    outputs: dict[str, Any] = field(default_factory=dict)  # masked, secret outputs left out
 
 
 class Interrupted(BaseException):
@@ -314,6 +315,13 @@ class Engine:
         if record.get("fingerprint") != prep.fingerprint:
             masked_spec = self.masker.mask_data(prep.spec)
             changes = spec_changes(record.get("spec"), masked_spec)
+            if changes and isinstance(record.get("spec"), dict):
+                try:
+                    changes = [
+                        self.masker.mask(c) for c in prep.instance.describe_changes(prep.ctx, record["spec"], changes)
+                    ]
+                except (StepError, OSError):
+                    pass
             old_up = record.get("upstream", {})
             moved = [d for d in prep.upstream if old_up.get(d) != prep.upstream[d]]
             if changes:
@@ -547,7 +555,8 @@ class Engine:
         decision = self.decide(prep, crashed_ok=True)
         if decision.action in ("ok", "pending"):
             self._adopt_record(name)
-            result = Result(name, decision.action, decision.reason, time.monotonic() - started)
+            kept = dict((self.state.record(name) or {}).get("outputs") or {})
+            result = Result(name, decision.action, decision.reason, time.monotonic() - started, outputs=kept)
             self.reporter.step_finished(result)
             return result
         return self._execute(prep, decision, started, log_path)
@@ -632,11 +641,12 @@ class Engine:
             self.secrets.put(stale, None)
         changes = kind_class(step.kind).changes_system
         duration = time.monotonic() - started
+        shown = {"keys": keys, "count": len(items)}
         if ran:
             summary = f"{ran} of {len(items)} items ran"
-            result = Result(name, "changed" if changes else "ok", summary, duration, note=summary)
+            result = Result(name, "changed" if changes else "ok", summary, duration, note=summary, outputs=shown)
         else:
-            result = Result(name, "ok", f"{len(items)} items up to date", duration)
+            result = Result(name, "ok", f"{len(items)} items up to date", duration, outputs=shown)
         self.reporter.step_finished(result)
         return result
 
@@ -646,6 +656,7 @@ class Engine:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if prep.instance.changes_system:
             self.reporter.step_started(name, decision.reason)
+        prep.ctx.progress = lambda done, total, unit: self.reporter.progress(name, done, total, unit)
         if self.options.verbose or prep.instance.streams_output():
             prep.ctx.on_output = lambda line: self.reporter.output(name, line)
         else:
@@ -749,13 +760,88 @@ class Engine:
             },
         )
         status: Status = "changed" if prep.instance.changes_system else "ok"
-        result = Result(name, status, decision.reason, duration, log=str(log_path), attempts=attempts)
+        shown = {k: v for k, v in masked_outputs.items() if k not in secret_keys}
+        result = Result(name, status, decision.reason, duration, log=str(log_path), attempts=attempts, outputs=shown)
         self.reporter.step_finished(result)
         return result
 
     def _sleep(self, seconds: float) -> None:
         if self.cancel.wait(seconds):
             raise _Cancelled()
+
+    # ---- explain --------------------------------------------------------------------------------------
+
+    def explain(self, name: str) -> str:
+        """One step's full reasoning, as plan would reach it: what it is, what it depends on, its rendered
+        spec, its record, and the decision with its reason (like `doit info`)."""
+        decisions = {d.name: d for d in self.plan()}
+        step = self.pipeline.step(name)
+        lines = [f"step {name} ({step.kind}), steps[{step.index}] of {self.pipeline.file}"]
+        if step.common.description:
+            lines.append(f"  description: {step.common.description}")
+        deps = sorted(self.graph.deps[name], key=lambda n: self.pipeline.step(n).index)
+        lines.append(f"  depends on: {', '.join(deps) if deps else 'nothing'}")
+        dependents = sorted(self.graph.dependents[name], key=lambda n: self.pipeline.step(n).index)
+        lines.append(f"  needed by: {', '.join(dependents) if dependents else 'nothing'}")
+        decision = decisions.get(name)
+        if decision is not None:
+            lines.append(f"  decision: {decision.action} - {decision.reason}")
+            for change in decision.changes:
+                lines.append(f"    {change}")
+        record = self.state.record(name)
+        if record is None:
+            lines.append("  record: none (it has never finished)")
+        else:
+            lines.append(
+                f"  record: {record.get('status')}, finished {iso(record.get('finished'))}"
+                + (f", took {record['duration']:.2f}s" if isinstance(record.get("duration"), (int, float)) else "")
+                + (f", {record.get('attempts')} attempt(s)" if record.get("attempts") else "")
+            )
+            if record.get("error"):
+                lines.append(f"    last error: {record['error']}")
+            if record.get("outputs"):
+                shown = json.dumps(record["outputs"], sort_keys=True, default=str)
+                lines.append(f"    outputs: {shown[:400]}{'...' if len(shown) > 400 else ''}")
+        if step.common.for_each is not None:
+            try:
+                items = self.items(step) or []
+            except InputError as exc:
+                lines.append(f"  items: cannot render ({exc})")
+            else:
+                lines.append(f"  items: {len(items)}")
+                for item in items:
+                    rec = self.state.record(f"{name}[{item.key}]")
+                    lines.append(f"    {item.key}: {rec.get('status') if rec else 'no record'}")
+            return "\n".join(lines)
+        try:
+            prep = self.prepare(step)
+        except InputError as exc:
+            lines.append(f"  spec: cannot render yet ({exc})")
+            return "\n".join(lines)
+        if prep is None:
+            lines.append(f"  `when` is false: {step.common.when}")
+            return "\n".join(lines)
+        lines.append(
+            f"  fingerprint: {prep.fingerprint[:16]}"
+            + (
+                ""
+                if record is None
+                else " (same as recorded)"
+                if record.get("fingerprint") == prep.fingerprint
+                else f" (recorded: {str(record.get('fingerprint'))[:16]})"
+            )
+        )
+        for dep, value in sorted(prep.upstream.items()):
+            old = (record or {}).get("upstream", {}).get(dep)
+            moved = "" if record is None or old == value else " (changed since the record)"
+            lines.append(f"    upstream {dep}: {value[:16]}{moved}")
+        spec = json.dumps(self.masker.mask_data(prep.spec), indent=2, sort_keys=True, default=str)
+        lines.append("  spec (rendered):")
+        lines += ["    " + line for line in spec.splitlines()]
+        if record is not None and record.get("status") == "done":
+            probe = self._probe(prep)
+            lines.append(f"  probe: {probe.status}" + (f" - {self.masker.mask(probe.reason)}" if probe.reason else ""))
+        return "\n".join(lines)
 
     # ---- record edits ---------------------------------------------------------------------------------
 
@@ -820,8 +906,21 @@ class Engine:
             prep = self._prepare_through(name)
             return self.masker.mask(prep.instance.stop(prep.ctx))
 
-    def log_of(self, name: str) -> Path | None:
-        """The log to show for a step: what it started (a job's log), else its last run's step log."""
+    def runs_of(self, name: str) -> list[Path]:
+        """The step logs of a step (or of a for_each item, `name[key]`) kept in .runner/logs, newest first."""
+        logs = self.pipeline.state_dir / "logs"
+        if not logs.is_dir():
+            return []
+        return [p for p in (run / f"{name}.log" for run in sorted(logs.iterdir(), reverse=True)) if p.is_file()]
+
+    def log_of(self, name: str, run: int | None = None) -> Path | None:
+        """The log to show for a step: what it started (a job's log), else its last run's step log; with `run`,
+        the log of its Nth most recent run (1: the latest) from .runner/logs."""
+        if run is not None:
+            runs = self.runs_of(name)
+            if not 1 <= run <= len(runs):
+                raise InputError(f"{name} has {len(runs)} run log(s) kept; --run takes 1 (the latest) to {len(runs)}")
+            return runs[run - 1]
         self.load_state()
         with contextlib.suppress(InputError, StepError):
             prep = self._prepare_through(name)

@@ -1,10 +1,18 @@
-"""Reporters: what a person (or a pipe) sees while runner works."""
+"""Reporters: what a person (or a pipe) sees while runner works.
+
+- Reporter: plain, line-oriented, greppable; for pipes, CI, NO_COLOR, and dumb terminals.
+- LiveReporter: on a terminal, a live view (rich) of the running steps under the lines of the finished ones.
+- JsonReporter: `--json`, one JSON object a line for every event (docs/events.md).
+"""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 import threading
-from typing import TYPE_CHECKING, TextIO
+import time
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from runner.engine import Decision, Result
@@ -85,6 +93,18 @@ class Reporter:
             if result.log:
                 self._print(f"    log: {result.log}")
 
+    def run_started(self, pipeline: str, file: str, steps: list[str], command: str) -> None:
+        """An apply or plan begins (plain output says nothing)."""
+
+    def run_finished(self, results: list[Result], exit_code: int) -> None:
+        self.recap(results)
+
+    def error(self, message: str) -> None:
+        self._print(message, self.err)
+
+    def close(self) -> None:
+        """Stop whatever the reporter draws (the live view)."""
+
     def recap(self, results: list[Result]) -> None:
         counts = dict.fromkeys(("ok", "changed", "failed", "skipped"), 0)
         blocked = pending = 0
@@ -124,3 +144,185 @@ class Reporter:
             self._print(text + (f"; would fail now: {', '.join(failing)}" if failing else ""))
         else:
             self._print("plan: nothing to do")
+
+
+def recap_counts(results: list[Result]) -> dict[str, int]:
+    counts = dict.fromkeys(("ok", "changed", "failed", "skipped", "blocked", "pending"), 0)
+    for r in results:
+        key = "failed" if r.status == "interrupted" else r.status
+        if key in counts:
+            counts[key] += 1
+    return counts
+
+
+EVENTS_VERSION = 1
+
+
+class JsonReporter(Reporter):
+    """`--json`: every event as one JSON object on its own line of stdout (schema: docs/events.schema.json)."""
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        record = {"event": event, "time": round(time.time(), 3), **fields}
+        self._print(json.dumps(record, default=str, sort_keys=False), self.out)
+
+    def run_started(self, pipeline: str, file: str, steps: list[str], command: str) -> None:
+        self._emit("run_started", version=EVENTS_VERSION, command=command, pipeline=pipeline, file=file, steps=steps)
+
+    def notice(self, message: str) -> None:
+        self._emit("notice", message=message)
+
+    def error(self, message: str) -> None:
+        self._emit("error", message=message)
+
+    def step_started(self, name: str, reason: str) -> None:
+        self._emit("step_started", step=name, reason=reason)
+
+    def output(self, name: str, line: str) -> None:
+        self._emit("output", step=name, line=line)
+
+    def progress(self, name: str, done: int, total: int | None, unit: str) -> None:
+        self._emit("progress", step=name, done=done, total=total, unit=unit)
+
+    def step_finished(self, result: Result) -> None:
+        fields: dict[str, Any] = {
+            "step": result.name,
+            "status": result.status,
+            "reason": result.note or result.reason,
+            "duration": round(result.duration, 4),
+            "outputs": result.outputs,
+        }
+        if result.status in ("failed", "interrupted"):
+            fields.update(error=result.error, hint=result.hint, tail=result.tail, log=result.log)
+        if result.attempts:
+            fields["attempts"] = result.attempts
+        self._emit("step_finished", **fields)
+
+    def run_finished(self, results: list[Result], exit_code: int) -> None:
+        self._emit("run_finished", recap=recap_counts(results), exit_code=exit_code)
+
+    def plan(self, decisions: list[Decision]) -> None:
+        for d in decisions:
+            self._emit("planned", step=d.name, action=d.action, reason=d.reason, changes=list(d.changes))
+        actions = ("run", "maybe", "fail", "pending", "ok", "skip")
+        counts = {a: sum(1 for d in decisions if d.action == a) for a in actions}
+        self._emit("plan_finished", actions=counts)
+
+
+def use_live_view(stream: TextIO) -> bool:
+    """A live view only on a real terminal, and never with NO_COLOR or TERM=dumb."""
+    return bool(stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM", "") not in ("dumb", ""))
+
+
+class LiveReporter(Reporter):
+    """A rich live view: a line per finished step, and below them a row per running step with a spinner, its
+    elapsed time, a progress bar when the step reports progress, and its latest output line."""
+
+    def __init__(self, console: Any = None, width: int = 20) -> None:
+        super().__init__(width=width)
+        from rich.console import Console
+
+        self.console = console or Console(highlight=False)
+        self._running: dict[str, dict[str, Any]] = {}
+        self._live: Any = None
+
+    # rendering
+    def _render(self) -> Any:
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        table = Table.grid(padding=(0, 1))
+        table.add_column(width=2)
+        table.add_column(min_width=self.width)
+        table.add_column(justify="right", width=7)
+        table.add_column()
+        now = time.monotonic()
+        for name, row in list(self._running.items()):
+            elapsed = fmt_duration(now - row["since"])
+            detail: Any = Text(row.get("reason", ""), style="dim")
+            if row.get("total"):
+                bar = ProgressBar(total=row["total"], completed=row.get("done", 0), width=30)
+                grid = Table.grid(padding=(0, 1))
+                grid.add_row(bar, Text(f"{row.get('done', 0)}/{row['total']} {row.get('unit', '')}"))
+                detail = grid
+            table.add_row(row["spinner"], Text(name, style="bold"), elapsed, detail)
+            if row.get("line"):
+                table.add_row("", Text("  " + row["line"][-150:], style="dim", no_wrap=True, overflow="ellipsis"))
+        return table
+
+    def _ensure_live(self) -> None:
+        if self._live is None:
+            from rich.live import Live
+
+            self._live = Live(self._render(), console=self.console, refresh_per_second=8, transient=True)
+            self._live.start()
+
+    def _refresh(self) -> None:
+        if self._live is not None:
+            self._live.update(self._render())
+
+    def _print(self, text: str, stream: TextIO | None = None) -> None:
+        with self._lock:
+            style = None
+            if text.startswith("FAILED") or text.startswith("    error:"):
+                style = "red"
+            elif text.startswith("changed"):
+                style = "yellow"
+            elif text.startswith("ok"):
+                style = "green"
+            self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+
+    def notice(self, message: str) -> None:
+        self._print(message)
+
+    def step_started(self, name: str, reason: str) -> None:
+        from rich.spinner import Spinner
+
+        with self._lock:
+            self._running[name] = {"since": time.monotonic(), "reason": reason, "spinner": Spinner("dots")}
+            self._ensure_live()
+            self._refresh()
+
+    def output(self, name: str, line: str) -> None:
+        self.output_quiet(name, line)
+
+    def output_quiet(self, name: str, line: str) -> None:
+        with self._lock:
+            row = self._running.get(name)
+            if row is not None and line.strip():
+                row["line"] = line
+                self._refresh()
+
+    def progress(self, name: str, done: int, total: int | None, unit: str) -> None:
+        with self._lock:
+            row = self._running.get(name)
+            if row is None:
+                from rich.spinner import Spinner
+
+                row = self._running[name] = {
+                    "since": time.monotonic(),
+                    "reason": "",
+                    "spinner": Spinner("dots"),
+                    "own": True,
+                }
+                self._ensure_live()
+            row.update(done=done, total=total, unit=unit)
+            if row.get("own") and total is not None and done >= total:
+                self._running.pop(name, None)  # a loop's row goes when its last item is done
+            self._refresh()
+
+    def step_finished(self, result: Result) -> None:
+        with self._lock:
+            self._running.pop(result.name, None)
+            self._refresh()
+        super().step_finished(result)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._live is not None:
+                self._live.stop()
+                self._live = None
+
+    def run_finished(self, results: list[Result], exit_code: int) -> None:
+        self.close()
+        super().run_finished(results, exit_code)

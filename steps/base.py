@@ -88,6 +88,8 @@ class StepContext:
     fingerprint: str = ""  # the fingerprint this run records, for kinds that tag what they create with it
     stored_secrets: Mapping[str, str] = field(default_factory=dict)  # this step's secret outputs, kept last time
     notice: Callable[[str], None] = lambda message: None  # a one-line message to the user
+    # how far the step is: (done, total or None, unit), e.g. bytes of an image pull; the live view draws a bar
+    progress: Callable[[int, int | None, str], None] = lambda done, total, unit: None
 
     def resolve(self, path: str) -> Path:
         """A path relative to the pipeline file's directory (absolute paths stay as they are)."""
@@ -146,6 +148,11 @@ class StepKind:
     def stop(self, ctx: StepContext) -> str:
         """Stop what the step started (`runner stop STEP`); returns what was done."""
         raise StepError(f"a {self.kind} step has nothing to stop")
+
+    def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[str]) -> list[str]:
+        """For `plan`: the field-level changes in the kind's own terms (`ref: main@3f2a1c -> v1.2 (9b7e00)`);
+        read-only and local. The default keeps the generic `field: old -> new` lines."""
+        return changes
 
     def preview(self, ctx: StepContext) -> str | None:
         """For `plan` only: a failure that apply would certainly hit, found read-only (a check that fails now)."""

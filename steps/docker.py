@@ -314,7 +314,15 @@ class DockerStep(StepKind):
 
         repo, tag = parse_repository_tag(self.docker_spec.image)
         ctx.on_output(f"pulling {self.docker_spec.image}")
+        layers: dict[str, tuple[int, int]] = {}  # layer id -> (bytes downloaded, layer size)
         for event in client.api.pull(repo, tag=tag or "latest", stream=True, decode=True):
+            detail = event.get("progressDetail") or {}
+            if event.get("status") == "Downloading" and isinstance(detail.get("total"), int) and event.get("id"):
+                layers[event["id"]] = (int(detail.get("current") or 0), int(detail["total"]))
+                ctx.progress(sum(d for d, _ in layers.values()), sum(t for _, t in layers.values()), "bytes")
+            elif event.get("status") in ("Download complete", "Pull complete") and event.get("id") in layers:
+                total = layers[event["id"]][1]
+                layers[event["id"]] = (total, total)
             if "error" in event:
                 import docker.errors
 

@@ -87,6 +87,22 @@ class GitStep(StepKind):
 
     # ---- probe: file reads only --------------------------------------------------------------------------
 
+    def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[str]) -> list[str]:
+        spec = self.git_spec
+        old_ref = old_spec.get("ref")
+        if old_ref == spec.ref:
+            return changes
+        was = str(ctx.record_outputs.get("commit") or "")[:7]
+        new = ""
+        gitdir = git_dir(ctx.resolve(spec.dest))
+        if gitdir is not None and spec.ref:
+            found = _rev(ctx.resolve(spec.dest), f"{spec.ref}^{{commit}}", ctx.env) or _rev(
+                ctx.resolve(spec.dest), f"origin/{spec.ref}^{{commit}}", ctx.env
+            )
+            new = f" ({found[:7]})" if found else " (not in the clone yet: fetched on apply)"
+        line = f"ref: {old_ref or 'HEAD'}" + (f"@{was}" if was else "") + f" -> {spec.ref or 'HEAD'}{new}"
+        return [line if c.startswith("ref:") else c for c in changes]
+
     def _local_url(self, ctx: StepContext) -> None:
         """A url that starts with ./ or ../ is a path relative to the pipeline file (a bundle shipped beside it)."""
         url = self.git_spec.url

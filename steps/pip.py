@@ -296,6 +296,14 @@ class PipStep(StepKind):
             problems += _check_editable(path, dists)
         return problems
 
+    def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[str]) -> list[str]:
+        """The spec changed: say what that means for this environment (`e2b: 2.63.0 installed, wants <2.51`)."""
+        python = self.target_python(ctx)
+        if "/" in python and not Path(python).exists():
+            return changes
+        problems = self.unsatisfied(ctx, python)
+        return changes + (problems or ["(already satisfied: pip will not run)"])
+
     def probe(self, ctx: StepContext) -> Probe:
         python = self.target_python(ctx)
         if not Path(python).exists() and "/" in python:

@@ -13,7 +13,9 @@ steps:
   - name: bake
     for_each: "{{ vars.tasks }}"
     run:
-      command: "echo {{ item }} >> ran.txt && (test {{ item }} != gamma || test -f fixed) && echo {{ item_index }} > {{ item }}.out"
+      command: >-
+        echo {{ item }} >> ran.txt && (test {{ item }} != gamma || test -f fixed)
+        && echo {{ item_index }} > {{ item }}.out
       creates: ["{{ item }}.out"]
   - name: report
     run: "echo {{ steps.bake.count }} {{ steps.bake['keys'] | join(',') }} > report.txt"

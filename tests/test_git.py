@@ -56,7 +56,8 @@ def test_clone_noop_and_moved_pin(project: Project, upstream: Upstream) -> None:
 
     _pipeline(project, upstream.url, "v2")
     plan = project.run("plan")
-    assert plan.code == 2 and "ref: " in plan.out
+    v2 = git("rev-parse", "v2^{commit}", cwd=upstream.work)
+    assert plan.code == 2 and f"ref: v1@{v1[:7]} -> v2 ({v2[:7]})" in plan.out, plan.out
     moved = project.run("apply")
     assert moved.code == 0, moved.text
     v2 = git("rev-parse", "v2^{commit}", cwd=upstream.work)

@@ -74,6 +74,7 @@ def test_install_noop_without_pip_and_pin_change(project: Project, wheelhouse: P
     _pipeline(project, wheelhouse, ["tinyalpha>=2", "tinybeta[more]"])
     plan = project.run("plan")
     assert plan.code == 2
+    assert "tinyalpha: 1.0 installed, wants >=2" in plan.out, plan.out  # the change, in this environment's terms
     result = project.run("apply")
     assert result.code == 0, result.text
     assert _installed(project)["tinyalpha"] == "2.0"
