@@ -13,6 +13,8 @@ import shlex
 import socket
 import struct
 import sys
+import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -61,19 +63,50 @@ class _Undefined(jinja2.StrictUndefined):
         return str(super()._undefined_message)
 
 
+MAX_RENDERED = 1_000_000  # characters one template may produce
+MAX_RENDER_SECONDS = 5.0  # time one template may take
+MAX_SEQUENCE = 100_000  # items or characters a `*` may make; the sandbox already caps range() there
+
+
+class TemplateLimit(Exception):
+    """A template went past a limit (size, time, repetition): it is refused, not run to exhaustion."""
+
+
 class _Environment(SandboxedEnvironment):
+    intercepted_binops = frozenset({"*", "**", "%"})
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        if operator == "%" and isinstance(left, str):
+            _check_call(None, (left,), {})
+        if operator == "*":
+            for seq, times in ((left, right), (right, left)):
+                if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > MAX_SEQUENCE:
+                    raise TemplateLimit(f"`*` would make {len(seq) * times} items (the limit is {MAX_SEQUENCE})")
+        if operator == "**" and isinstance(right, int) and abs(right) > 1000:
+            raise TemplateLimit(f"`**` with an exponent of {right} is refused (the limit is 1000)")
+        return super().call_binop(context, operator, left, right)
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - Jinja's names
+        _check_call(__obj, args, kwargs)
+        return super().call(__context, __obj, *args, **kwargs)
+
     def getattr(self, obj: Any, attribute: str) -> Any:
         # `steps.x.items` is the output named items, not the dict method of that name.
         if isinstance(obj, Outputs) and attribute in obj:
             return obj[attribute]
+        if isinstance(obj, str) and attribute in ("format", "format_map", "ljust", "rjust", "center", "zfill"):
+            _check_call(None, (obj,), {})
         return super().getattr(obj, attribute)
 
 
 @functools.lru_cache(maxsize=1)
 def environment() -> SandboxedEnvironment:
     env = _Environment(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
+    env.globals["range"] = _range
     env.filters["quote"] = _quote
     env.filters["bool"] = _bool
+    for name, function in list(env.filters.items()):
+        env.filters[name] = _checked(function)
     return env
 
 
@@ -103,7 +136,9 @@ def render_string(source: str, context: Mapping[str, Any], path: tuple[str | int
     if not is_template(source):
         return source
     try:
-        return _compile(source).render(context)
+        return _bounded(_compile(source), context)
+    except TemplateLimit as exc:
+        raise RenderError(f"template refused: {exc}", path) from None
     except jinja2.UndefinedError as exc:
         raise RenderError(f"undefined in template: {exc.message}", path) from None
     except jinja2.TemplateSyntaxError as exc:
@@ -114,6 +149,68 @@ def render_string(source: str, context: Mapping[str, Any], path: tuple[str | int
         raise RenderError(f"template error: {exc}", path) from None
     except RecursionError:
         raise RenderError("template error: recursion too deep", path) from None
+
+
+MAX_ARGUMENT = 1_000_000  # the largest number a template may pass to a call (a width, a count)
+_HUGE_FORMAT = re.compile(r"\d{7,}")
+
+
+def _check_call(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Refuse calls that would build something enormous: `'x'.ljust(10**9)`, `center(10**9)`,
+    `'%999999999d' | format(1)`."""
+    values = [*args, *kwargs.values()]
+    if obj is _range:
+        return
+    for value in values:
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_ARGUMENT:
+            raise TemplateLimit(f"a call with the number {value} is refused (the limit is {MAX_ARGUMENT})")
+    owner = getattr(obj, "__self__", None)
+    texts = [v for v in values if isinstance(v, str)] + ([owner] if isinstance(owner, str) else [])
+    if any(_HUGE_FORMAT.search(t) for t in texts if "%" in t or "{" in t):
+        raise TemplateLimit("a format with a width of a million or more is refused")
+
+
+def _checked(function: Any) -> Any:
+    """A filter whose arguments pass _check_call first (filters do not go through the sandbox's call)."""
+
+    @functools.wraps(function)  # keeps Jinja's pass_context / pass_environment marks
+    def filtered(*args: Any, **kwargs: Any) -> Any:
+        _check_call(
+            function, tuple(a for a in args if not isinstance(a, (jinja2.runtime.Context, jinja2.Environment))), kwargs
+        )
+        return function(*args, **kwargs)
+
+    return filtered
+
+
+MAX_ITERATIONS = 1_000_000  # range() items one render may ask for, nested loops included
+_budget = threading.local()
+
+
+def _range(*args: int) -> range:
+    """range() under a budget per render: nested loops cannot multiply into hours of work."""
+    made = range(*args)
+    left = getattr(_budget, "left", MAX_ITERATIONS) - len(made)
+    if left < 0:
+        raise TemplateLimit(f"its loops ask for more than {MAX_ITERATIONS} iterations")
+    _budget.left = left
+    return made
+
+
+def _bounded(template: jinja2.Template, context: Mapping[str, Any]) -> str:
+    """Render, but stop a template that produces too much or takes too long (a loop that never ends)."""
+    _budget.left = MAX_ITERATIONS
+    started = time.monotonic()
+    size = 0
+    parts: list[str] = []
+    for part in template.generate(context):
+        size += len(part)
+        if size > MAX_RENDERED:
+            raise TemplateLimit(f"it renders to more than {MAX_RENDERED} characters")
+        if time.monotonic() - started > MAX_RENDER_SECONDS:
+            raise TemplateLimit(f"it ran for more than {MAX_RENDER_SECONDS:g}s")
+        parts.append(part)
+    return "".join(parts)
 
 
 def render_data(data: Any, context: Mapping[str, Any], path: tuple[str | int, ...] = ()) -> Any:
@@ -139,7 +236,10 @@ def render_value(source: Any, context: Mapping[str, Any], path: tuple[str | int,
     if not match:
         return render_string(source, context, path)
     try:
+        _budget.left = MAX_ITERATIONS
         value = environment().compile_expression(match.group("expr"), undefined_to_none=False)(**context)
+    except TemplateLimit as exc:
+        raise RenderError(f"template refused: {exc}", path) from None
     except jinja2.UndefinedError as exc:
         raise RenderError(f"undefined in template: {exc.message}", path) from None
     except jinja2.TemplateSyntaxError as exc:
