@@ -32,7 +32,7 @@ from runner.secrets import Masker, SecretStore
 from runner.state import StateStore, iso, lock_holder, now, pipeline_lock
 from runner.template import Facts, Outputs, RenderError, render_data, render_string, render_value, when_source
 from runner.ui import Reporter
-from steps import kind_class
+from steps import faults, kind_class
 from steps.base import Probe, StepContext, StepError, StepKind
 
 Action = Literal["run", "ok", "skip", "maybe", "pending", "fail"]
@@ -663,6 +663,7 @@ class Engine:
             prep.ctx.on_output = lambda line: self.reporter.output_quiet(name, line)
         begin = now()
         self.state.update(name, status="started", started=begin, run=self.run_id, pid=os.getpid(), log=str(log_path))
+        faults.point("started")
         attempts = 0
 
         def before_sleep(retry_state: RetryCallState) -> None:
@@ -728,6 +729,7 @@ class Engine:
             if self.options.verbose:
                 raise
             return result
+        faults.point("applied")
         duration = time.monotonic() - started
         secret_keys = prep.instance.secret_outputs()
         kept = {k: str(v) for k, v in outputs.items() if k in secret_keys}

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import LockedError, StateError
+from steps import faults
 
 SCHEMA_VERSION = 1
 COMPACT_MIN = 64  # journal entries before a snapshot, at the least
@@ -46,6 +47,7 @@ def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.chmod(tmp, mode)
+        faults.point("snapshot")
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -164,6 +166,10 @@ class StateStore:
                 self._journal = open(self.journal_path(), "ab")
                 if self._journal.tell() and not self._ends_with_newline():
                     self._journal.write(b"\n")  # close off a torn line left by a crash
+            if faults.hit("journal-torn"):  # a crash in the middle of an append
+                self._journal.write(line.encode()[: len(line) // 2])
+                self._journal.flush()
+                faults.kill()
             self._journal.write(line.encode())
             self._journal.flush()
             os.fsync(self._journal.fileno())

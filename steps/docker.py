@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
+from steps import faults
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 from steps.docker_engine import api_error_text, connect, engine_address
 from steps.waiting import Readiness, wait_ready
@@ -264,6 +265,7 @@ class DockerStep(StepKind):
                 else:
                     ctx.on_output(f"recreating {spec.name}: {drift[0]}")
                     self._remove(existing, spec.stop_timeout)
+                    faults.point("docker-removed")
                     container = self._create_and_start(ctx, client, address, image.id)
             else:
                 container = self._create_and_start(ctx, client, address, image.id)

@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import Field
 
+from steps import faults
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
 from steps.gitdir import git_dir, head, origin_url, same_url
 from steps.process import run_process
@@ -244,6 +245,7 @@ class GitStep(StepKind):
                 )
             if dest.is_dir():
                 dest.rmdir()  # an empty directory stood in the way
+            faults.point("git-cloned")
             os.rename(tmp, dest)
         finally:
             if tmp.exists():

@@ -6,11 +6,13 @@ import collections
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from steps.base import StepContext, StepError
 
@@ -41,6 +43,28 @@ def _kill_group(proc: subprocess.Popen[bytes], grace: float = 3.0, sig: int = si
         pass
 
 
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    """The child gets SIGKILL when runner dies, even by kill -9 (Linux's PR_SET_PDEATHSIG), so a crashed
+    apply leaves no installer or command running behind it; a normal stop still goes through the process
+    group."""
+    if _PRCTL is not None:
+        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _load_prctl() -> object | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL: Any = _load_prctl()
+
+
 def run_process(
     argv: Sequence[str],
     ctx: StepContext,
@@ -64,6 +88,7 @@ def run_process(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent if _PRCTL is not None else None,  # noqa: PLW1509 - a single libc call
         )
     except FileNotFoundError as exc:
         missing = exc.filename or argv[0]
