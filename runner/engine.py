@@ -29,7 +29,7 @@ from runner.fingerprint import digest, spec_changes, step_fingerprint
 from runner.load import validation_errors
 from runner.model import Pipeline, StepDecl
 from runner.secrets import Masker, SecretStore
-from runner.state import StateStore, iso, lock_holder, now, pipeline_lock
+from runner.state import StateStore, check_writable, iso, lock_holder, now, pipeline_lock
 from runner.template import Facts, Outputs, RenderError, render_data, render_string, render_value, when_source
 from runner.ui import Reporter
 from steps import faults, kind_class
@@ -447,6 +447,7 @@ class Engine:
     def apply(self) -> list[Result]:
         with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
             self.load_state()
+            check_writable(self.pipeline.state_dir)
             log_dir = self.pipeline.state_dir / "logs" / self.run_id
             self._prune_logs()
             try:
@@ -718,7 +719,13 @@ class Engine:
             return result
         except Exception as exc:  # a bug in a kind: record it, do not lose the run
             duration = time.monotonic() - started
-            message = self.masker.mask(f"internal error in the {prep.step.kind} step: {type(exc).__name__}: {exc}")
+            if isinstance(exc, OSError) and exc.strerror:  # the system said no (a full disk, a permission)
+                where = f" ({exc.filename})" if exc.filename else ""
+                message = self.masker.mask(f"{exc.strerror}{where}")
+            else:
+                message = self.masker.mask(
+                    f"internal error in the {prep.step.kind} step: {type(exc).__name__}: {exc}"
+                )
             self.state.update(
                 name, status="failed", finished=now(), duration=duration, attempts=attempts, error=message
             )

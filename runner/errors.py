@@ -34,7 +34,10 @@ class InputError(Exception):
                 if self.column is not None:
                     where += f":{self.column}"
             where += ": "
-        field = f"{self.field}: " if self.field else ""
+        shown = self.field or ""
+        if len(shown) > 160:  # a path 3000 levels deep says no more than its ends
+            shown = shown[:100] + "..." + shown[-50:]
+        field = f"{shown}: " if shown else ""
         return f"{where}{field}{self.message}"
 
 

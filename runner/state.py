@@ -117,6 +117,10 @@ class StateStore:
 
     def _replay(self, data: dict[str, Any]) -> int:
         path = self.dir / f"journal-{data.get('generation', 0)}.jsonl"
+        if not path.exists():
+            return 0
+        if not path.is_file():
+            raise StateError(f"{path} is not a regular file; move it away (the snapshot alone is then the state)")
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
@@ -220,6 +224,24 @@ class StateStore:
                     stale.unlink()
 
 
+def check_writable(state_dir: Path) -> None:
+    """Before any step runs: can we record what happens? A read-only or full .runner/ is said up front."""
+    probe = state_dir / f".write-check-{os.getpid()}"
+    try:
+        (state_dir / "logs").mkdir(parents=True, exist_ok=True)
+        with open(probe, "wb") as fh:
+            fh.write(b"x" * 4096)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise StateError(
+            f"cannot write to {state_dir}: {exc.strerror}; nothing was run and the previous state is kept"
+        ) from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink()
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -238,7 +260,10 @@ def pipeline_lock(state_dir: Path, notice: Any = print) -> Iterator[None]:
     except OSError as exc:
         raise StateError(f"cannot create {state_dir}: {exc.strerror}") from None
     path = state_dir / "lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise StateError(f"cannot open the lock {path}: {exc.strerror}") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -253,9 +278,14 @@ def pipeline_lock(state_dir: Path, notice: Any = print) -> Iterator[None]:
             notice(
                 f"notice: took over the lock left by pid {pid} (no longer running), since {iso(previous.get('since'))}"
             )
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": now()}).encode())
+        try:
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": now()}).encode())
+        except OSError as exc:
+            raise StateError(
+                f"cannot write the lock {path}: {exc.strerror}; nothing was run and the previous state is kept"
+            ) from None
         try:
             yield
         finally:

@@ -318,6 +318,17 @@ def template_names(source: str) -> tuple[frozenset[str], tuple[tuple[str, str, b
     return undeclared, tuple(uses)
 
 
+@functools.lru_cache(maxsize=4096)
+def _private_attributes(source: str) -> str | None:
+    """The first `x._name` or `x['_name']` in a template: the sandbox refuses them at render time; say so at load."""
+    tree = _parse(source)
+    for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
+        name = node.attr if isinstance(node, nodes.Getattr) else getattr(getattr(node, "arg", None), "value", None)
+        if isinstance(name, str) and name.startswith("_"):
+            return name
+    return None
+
+
 def check_templates(pipeline: Pipeline) -> None:
     """Syntax, unknown names, unknown vars and unknown steps, at load time; records step references."""
     names = {s.name for s in pipeline.steps}
@@ -345,6 +356,13 @@ def check_templates(pipeline: Pipeline) -> None:
                 raise marks.error(path, "template nested too deeply", field=field) from None
             if path[2] == "for_each":
                 allowed = CONTEXT_NAMES  # the list itself cannot use its items
+            private = _private_attributes(source)
+            if private:
+                raise marks.error(
+                    path,
+                    f"not allowed in a template: the attribute {private!r} (names that start with _ are internals)",
+                    field=field,
+                )
             for name in sorted(undeclared - allowed):
                 hint = " (`item` exists only in a step with `for_each`)" if name in ("item", "item_index") else ""
                 raise marks.error(

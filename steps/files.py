@@ -9,6 +9,26 @@ from pathlib import Path
 GLOB_CHARS = set("*?[")
 
 
+def check_patterns(patterns: list[str]) -> list[str]:
+    """For validators: refuse patterns that cannot mean what was meant (empty, an unclosed `[`, NUL)."""
+    for pattern in patterns:
+        if "{{" in pattern or "{%" in pattern:
+            continue  # checked once rendered
+        if not pattern.strip():
+            raise ValueError("an empty path pattern")
+        if "\x00" in pattern:
+            raise ValueError(f"{pattern!r} holds a NUL byte")
+        depth = 0
+        for char in pattern:
+            if char == "[":
+                depth += 1
+            elif char == "]" and depth:
+                depth -= 1
+        if depth:
+            raise ValueError(f"{pattern!r} has a `[` that is never closed (write `[[]` for a literal `[`)")
+    return patterns
+
+
 def is_glob(pattern: str) -> bool:
     return any(c in GLOB_CHARS for c in pattern)
 

@@ -33,7 +33,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
-from steps.files import expand
+from steps.files import check_patterns, expand
 from steps.process import run_process
 from steps.supervise import start_time, write
 
@@ -58,6 +58,11 @@ class LaunchSpec(SpecModel):
     @classmethod
     def _env_strings(cls, value: Any) -> Any:
         return env_mapping(value)
+
+    @field_validator("creates")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        return check_patterns(value)
 
     @field_validator("stop_signal")
     @classmethod

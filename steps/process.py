@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import signal
 import subprocess
@@ -103,16 +104,26 @@ def run_process(
     tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
     captured: list[str] = []
     captured_size = 0
-    log = open(ctx.log_path, "a", encoding="utf-8", errors="replace") if ctx.log_path else None
+    log_error: list[str] = []
+    try:
+        log = open(ctx.log_path, "a", encoding="utf-8", errors="replace") if ctx.log_path else None
+    except OSError as exc:
+        log, log_error = None, [exc.strerror or str(exc)]
 
     def read() -> None:
-        nonlocal captured_size
+        nonlocal captured_size, log
         assert proc.stdout is not None
         for raw in iter(proc.stdout.readline, b""):
             line = ctx.mask(raw.decode("utf-8", errors="replace"))
             if log is not None:
-                log.write(line)
-                log.flush()
+                try:
+                    log.write(line)
+                    log.flush()
+                except OSError as exc:  # a full disk: the output still reaches the tail and the terminal
+                    log_error.append(exc.strerror or str(exc))
+                    with contextlib.suppress(OSError):
+                        log.close()
+                    log = None
             stripped = line.rstrip("\n")
             tail.append(stripped)
             if captured_size < STDOUT_LIMIT:
@@ -147,7 +158,10 @@ def run_process(
                 pass
         reader.join(timeout=5)
         if log is not None:
-            log.close()
+            with contextlib.suppress(OSError):
+                log.close()
+        if log_error:
+            ctx.notice(f"{ctx.name}: its log {ctx.log_path} could not be written ({log_error[0]})")
     if reason:
         raise StepError(f"command {reason}", output_tail="\n".join(tail))
     return Completed(proc.returncode, "".join(captured), list(tail))

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
-from steps.files import content_digest, expand
+from steps.files import check_patterns, content_digest, expand
 from steps.process import run_process
 
 
@@ -46,6 +46,11 @@ class RunSpec(SpecModel):
     @classmethod
     def _env_strings(cls, value: Any) -> Any:
         return env_mapping(value)
+
+    @field_validator("creates", "inputs")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        return check_patterns(value)
 
     @field_validator("command")
     @classmethod
