@@ -31,7 +31,7 @@ from pydantic import Field, field_validator
 
 from steps import faults
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
-from steps.docker_engine import api_error_text, connect, engine_address
+from steps.docker_engine import api_error_text, connect, engine_address, engine_hostname
 from steps.waiting import Readiness, wait_ready
 
 if TYPE_CHECKING:
@@ -66,6 +66,13 @@ def parse_port(text: str) -> tuple[str, str | None, int | None]:
     return f"{cport}/{m['proto'] or 'tcp'}", ip, host
 
 
+class DockerTls(SpecModel):
+    ca_cert: str | None = Field(None, description="CA certificate that signed the engine's certificate.")
+    client_cert: str | None = Field(None, description="Client certificate (with client_key).")
+    client_key: str | None = Field(None, description="Client key (with client_cert).")
+    verify: bool = Field(True, description="Verify the engine's certificate against ca_cert.")
+
+
 class DockerSpec(SpecModel):
     name: str = Field(
         pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$", description="The container's name: one container of this name."
@@ -90,7 +97,12 @@ class DockerSpec(SpecModel):
     host: str | None = Field(
         None, description="Docker Engine address (unix://, tcp://, ssh://); default DOCKER_HOST, else the socket."
     )
-    wait: Readiness | None = Field(None, description="Readiness check after start: `http` URL or `tcp` host:port.")
+    tls: DockerTls | None = Field(None, description="TLS for a `tcp://` engine: ca_cert, client_cert, client_key.")
+    wait: Readiness | None = Field(
+        None,
+        description="Readiness check after start: `http` URL or `tcp` host:port. With a remote engine, "
+        "127.0.0.1 and localhost in it mean that engine's host.",
+    )
     stop_timeout: float = Field(10, ge=0, description="Seconds to wait for a graceful stop before a recreate kills it.")
 
     @field_validator("env", "labels", mode="before")
@@ -191,7 +203,7 @@ class DockerStep(StepKind):
         import docker.errors
 
         spec = self.docker_spec
-        client, address = connect(spec.host, ctx.env, ping=False)
+        client, address = connect(spec.host, ctx.env, spec.tls, ping=False)
         try:
             try:
                 container = client.containers.get(spec.name)
@@ -250,7 +262,7 @@ class DockerStep(StepKind):
         import docker.errors
 
         spec = self.docker_spec
-        client, address = connect(spec.host, ctx.env)
+        client, address = connect(spec.host, ctx.env, spec.tls)
         try:
             try:
                 existing: Container | None = client.containers.get(spec.name)
@@ -277,6 +289,7 @@ class DockerStep(StepKind):
                 "image_id": container.attrs.get("Image", image.id),
                 "ports": _published(container),
                 "host": address,
+                "hostname": engine_hostname(address) or "localhost",  # where the published ports are
             }
         except docker.errors.APIError as exc:
             raise StepError(f"Docker Engine at {address}: {api_error_text(exc)}") from None
@@ -426,9 +439,10 @@ class DockerStep(StepKind):
                     raise StepError("interrupted")
             exited()
             return
-        ctx.on_output(f"waiting for {spec.wait.target} (up to {spec.wait.timeout:g}s)")
+        readiness = remote_readiness(spec.wait, address)
+        ctx.on_output(f"waiting for {readiness.target} (up to {readiness.timeout:g}s)")
         try:
-            wait_ready(spec.wait, ctx.cancel, alive=exited, on_attempt=ctx.on_output)
+            wait_ready(readiness, ctx.cancel, alive=exited, on_attempt=ctx.on_output)
         except StepError as exc:
             if not exc.output_tail:
                 exc.output_tail = ctx.mask(_logs_tail(container))
@@ -454,3 +468,23 @@ def _published(container: Container) -> dict[str, list[str]]:
 
 
 __all__ = ["DockerSpec", "DockerStep", "engine_address", "parse_port"]
+
+
+def remote_readiness(wait: Readiness, address: str) -> Readiness:
+    """With a remote engine, a wait on 127.0.0.1 or localhost means the engine's host, where the ports are."""
+    remote = engine_hostname(address)
+    if not remote:
+        return wait
+    from urllib.parse import urlsplit, urlunsplit
+
+    local = ("127.0.0.1", "localhost", "::1")
+    if wait.http:
+        parts = urlsplit(wait.http)
+        if parts.hostname in local:
+            netloc = remote + (f":{parts.port}" if parts.port else "")
+            return wait.model_copy(update={"http": urlunsplit(parts._replace(netloc=netloc))})
+    if wait.tcp:
+        host, _, port = wait.tcp.rpartition(":")
+        if host.strip("[]") in local:
+            return wait.model_copy(update={"tcp": f"{remote}:{port}"})
+    return wait

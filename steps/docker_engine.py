@@ -19,24 +19,55 @@ def engine_address(host: str | None, env: Mapping[str, str]) -> str:
     return host or env.get("DOCKER_HOST") or DEFAULT_HOST
 
 
+def engine_hostname(address: str) -> str | None:
+    """The machine behind a remote engine address (`ssh://user@h:22`, `tcp://h:2376`); None for a local one."""
+    from urllib.parse import urlsplit
+
+    if address.startswith(("ssh://", "tcp://", "http://", "https://")):
+        return urlsplit(address).hostname
+    return None
+
+
+def tls_config(tls: Any, env: Mapping[str, str]) -> Any:
+    """A docker.tls.TLSConfig from a step's `tls` (ca_cert, client_cert, client_key, verify), or None."""
+    if tls is None:
+        return None
+    import docker.tls
+
+    client_cert = (tls.client_cert, tls.client_key) if tls.client_cert and tls.client_key else None
+    try:
+        return docker.tls.TLSConfig(client_cert=client_cert, ca_cert=tls.ca_cert, verify=tls.verify)
+    except Exception as exc:  # noqa: BLE001 - the SDK raises its own TLSParameterError
+        raise StepError(f"bad TLS settings for the Docker Engine: {exc}") from None
+
+
 def connect(
     host: str | None, env: Mapping[str, str], tls: Any = None, ping: bool = True
 ) -> tuple[docker.DockerClient, str]:
-    """A client for the engine (checked with a ping unless ``ping`` is false). StepError names the address."""
+    """A client for the engine (checked with a ping unless ``ping`` is false). StepError names the address.
+
+    `ssh://user@host[:port]` goes through paramiko, as the docker SDK does by default: it reads ~/.ssh/config
+    (IdentityFile, Port, User) and runs `docker system dial-stdio` on the remote host."""
     import docker
     import docker.errors
 
     address = engine_address(host, env)
     try:
-        client = docker.DockerClient(base_url=address, timeout=API_TIMEOUT, tls=tls, use_ssh_client=False)
+        client = docker.DockerClient(
+            base_url=address, timeout=API_TIMEOUT, tls=tls_config(tls, env), use_ssh_client=False
+        )
         if ping:
             client.ping()
     except docker.errors.DockerException as exc:
-        raise StepError(
-            f"cannot reach the Docker Engine at {address}: {_short(exc)}",
-            hint="start the engine (`systemctl start docker` or `dockerd`), or point `host:` / DOCKER_HOST "
-            "at a running one",
-        ) from None
+        remote = engine_hostname(address)
+        hint = (
+            f"check that {remote} is reachable, that you can `ssh` there with a key (~/.ssh/config), and that "
+            "`docker` works there for that user"
+            if address.startswith("ssh://")
+            else "start the engine (`systemctl start docker` or `dockerd`), or point `host:` / DOCKER_HOST "
+            "at a running one"
+        )
+        raise StepError(f"cannot reach the Docker Engine at {address}: {_short(exc)}", hint=hint) from None
     except Exception as exc:  # noqa: BLE001 - requests/urllib3 errors differ by transport
         raise StepError(f"cannot reach the Docker Engine at {address}: {_short(exc)}") from None
     return client, address

@@ -1,0 +1,176 @@
+"""docker over ssh://: a real OpenSSH server on 127.0.0.1 with a key made for the test, in front of the real
+engine; the container converges through it, then converges again without change."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import BUSYBOX_IMAGE, Project, free_port
+
+SSHD = "/usr/sbin/sshd"
+
+
+def _ensure_sshd() -> None:
+    if os.path.exists(SSHD):
+        return
+    if os.geteuid() == 0 and (os.environ.get("CI") == "true" or os.environ.get("RUNNER_SSH_INSTALL") == "1"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        if subprocess.run(
+            ["apt-get", "install", "-y", "-q", "openssh-server"], env=env, capture_output=True
+        ).returncode:
+            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
+            subprocess.run(["apt-get", "install", "-y", "-q", "openssh-server"], env=env, capture_output=True)
+    if not os.path.exists(SSHD):
+        if os.environ.get("CI") == "true":
+            pytest.fail("no sshd and it could not be installed (apt-get install openssh-server)")
+        pytest.skip("no OpenSSH server (apt-get install openssh-server, or RUNNER_SSH_INSTALL=1 as root)")
+
+
+@pytest.fixture(scope="module")
+def ssh_engine(tmp_path_factory: pytest.TempPathFactory, docker_host: str) -> Iterator[dict[str, Any]]:
+    """An sshd on 127.0.0.1:PORT that lets the test's key in and points `docker` at the test engine."""
+    _ensure_sshd()
+    root = tmp_path_factory.mktemp("sshd")
+    for name in ("host_key", "client_key"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True)
+    shutil.copy(root / "client_key.pub", root / "authorized_keys")
+    port = free_port()
+    docker_cli = shutil.which("docker")
+    if docker_cli is None:
+        pytest.skip("no docker CLI on the host behind sshd (`docker system dial-stdio` runs there)")
+    (root / "sshd_config").write_text(
+        f"""Port {port}
+ListenAddress 127.0.0.1
+HostKey {root}/host_key
+PidFile {root}/sshd.pid
+AuthorizedKeysFile {root}/authorized_keys
+StrictModes no
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UsePAM no
+ForceCommand env DOCKER_HOST={docker_host} sh -c "$SSH_ORIGINAL_COMMAND"
+"""
+    )
+    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+    log = open(root / "sshd.log", "w")
+    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")], stdout=log, stderr=log)
+    home = root / "home"
+    (home / ".ssh").mkdir(parents=True)
+    user = os.environ.get("USER") or "root"
+    (home / ".ssh" / "config").write_text(
+        f"Host 127.0.0.1\n  User {user}\n  Port {port}\n  IdentityFile {root}/client_key\n"
+    )
+    host_key = (root / "host_key.pub").read_text().split()
+    (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key[0]} {host_key[1]}\n")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        probe = subprocess.run(
+            [
+                "ssh",
+                "-F",
+                str(home / ".ssh" / "config"),
+                "-o",
+                f"UserKnownHostsFile={home}/.ssh/known_hosts",
+                "-o",
+                "BatchMode=yes",
+                "127.0.0.1",
+                "docker version --format '{{.Server.Version}}'",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=20,
+        )
+        if probe.returncode == 0:
+            break
+        time.sleep(0.3)
+    else:
+        proc.terminate()
+        pytest.fail(f"sshd did not let the test in: {probe.stderr}\n{(root / 'sshd.log').read_text()}")
+    yield {"address": f"ssh://{user}@127.0.0.1:{port}", "home": str(home), "port": port}
+    proc.terminate()
+    proc.wait(timeout=10)
+    log.close()
+
+
+def test_a_container_converges_through_ssh_and_again_without_change(
+    project: Project, ssh_engine: dict[str, Any], docker_client: Any
+) -> None:
+    name = f"runner-ssh-{uuid.uuid4().hex[:8]}"
+    docker_client.test_names.append(name)
+    port = free_port()
+    project.write(
+        f"""
+        name: remote
+        steps:
+          - name: box
+            docker:
+              name: {name}
+              image: {BUSYBOX_IMAGE}
+              pull: never
+              host: "{ssh_engine["address"]}"
+              command: [httpd, -f, -p, "8000", -h, /www]
+              ports: ["{port}:8000"]
+              wait: {{http: "http://127.0.0.1:{port}/health", timeout: 30}}
+        """
+    )
+    env = {**project.env(), "HOME": ssh_engine["home"]}
+    env.pop("DOCKER_HOST", None)  # only the step's host: may lead to the engine
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            project.argv(*args), cwd=project.path, env=env, capture_output=True, text=True, timeout=180
+        )
+
+    first = run("apply")
+    assert first.returncode == 0, first.stdout + first.stderr
+    container = docker_client.containers.get(name)
+    state = json.loads((project.path / ".runner" / "state.json").read_text())["steps"]["box"]["outputs"]
+    assert state["container_id"] == container.id and state["host"] == ssh_engine["address"]
+    assert state["hostname"] == "127.0.0.1"
+
+    again = run("apply")
+    assert again.returncode == 0 and "changed=0" in again.stdout, again.stdout + again.stderr
+    assert docker_client.containers.get(name).id == container.id  # not recreated
+
+
+def test_an_unreachable_ssh_engine_names_the_host(project: Project, ssh_engine: dict[str, Any]) -> None:
+    dead = free_port()
+    project.write(
+        f"""
+        name: remote
+        steps:
+          - name: box
+            docker: {{name: x, image: {BUSYBOX_IMAGE}, host: "ssh://root@127.0.0.1:{dead}"}}
+        """
+    )
+    env = {**project.env(), "HOME": ssh_engine["home"]}
+    result = subprocess.run(
+        project.argv("apply"), cwd=project.path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 1
+    assert f"cannot reach the Docker Engine at ssh://root@127.0.0.1:{dead}" in result.stdout
+    assert "ssh" in result.stdout and "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_wait_on_localhost_means_the_remote_engines_host() -> None:
+    from steps.docker import remote_readiness
+    from steps.waiting import Readiness
+
+    http = Readiness(http="http://127.0.0.1:8000/health", status=[204])
+    assert remote_readiness(http, "ssh://ops@gpu-7:2222").http == "http://gpu-7:8000/health"
+    assert remote_readiness(http, "tcp://10.0.0.5:2376").http == "http://10.0.0.5:8000/health"
+    assert remote_readiness(http, "unix:///var/run/docker.sock").http == "http://127.0.0.1:8000/health"
+    other = Readiness(http="http://aenv.internal:8000/health")
+    assert remote_readiness(other, "ssh://ops@gpu-7").http == "http://aenv.internal:8000/health"
+    tcp = Readiness(tcp="localhost:5432")
+    assert remote_readiness(tcp, "ssh://ops@db-1").tcp == "db-1:5432"
