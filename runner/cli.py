@@ -237,6 +237,21 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "logs":
         if "[" not in args.step:  # a for_each item's log is `name[key]`
             engine_check(engine, args.step)
+            if args.run is None:
+                from steps.base import StepError
+
+                try:
+                    remote = engine.remote_log(args.step, args.follow)
+                    if remote is not None:
+                        for chunk in remote:
+                            sys.stdout.write(chunk)
+                            sys.stdout.flush()
+                        return EXIT_OK
+                except StepError as exc:
+                    print(f"error: {args.step}: {exc.message}", file=sys.stderr)
+                    return EXIT_FAILED
+                except KeyboardInterrupt:
+                    return EXIT_OK
         return show_log(engine.log_of(args.step, args.run), args.step, args.follow)
     if args.command == "stop":
         from steps.base import StepError

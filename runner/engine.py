@@ -723,9 +723,7 @@ class Engine:
                 where = f" ({exc.filename})" if exc.filename else ""
                 message = self.masker.mask(f"{exc.strerror}{where}")
             else:
-                message = self.masker.mask(
-                    f"internal error in the {prep.step.kind} step: {type(exc).__name__}: {exc}"
-                )
+                message = self.masker.mask(f"internal error in the {prep.step.kind} step: {type(exc).__name__}: {exc}")
             self.state.update(
                 name, status="failed", finished=now(), duration=duration, attempts=attempts, error=message
             )
@@ -914,6 +912,12 @@ class Engine:
             self.load_state()
             prep = self._prepare_through(name)
             return self.masker.mask(prep.instance.stop(prep.ctx))
+
+    def remote_log(self, name: str, follow: bool) -> Iterator[str] | None:
+        """The log of what a step started elsewhere (a Ray job), if it has one."""
+        self.load_state()
+        prep = self._prepare_through(name)
+        return prep.instance.remote_log(prep.ctx, follow)
 
     def runs_of(self, name: str) -> list[Path]:
         """The step logs of a step (or of a for_each item, `name[key]`) kept in .runner/logs, newest first."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -156,6 +156,10 @@ class StepKind:
 
     def preview(self, ctx: StepContext) -> str | None:
         """For `plan` only: a failure that apply would certainly hit, found read-only (a check that fails now)."""
+        return None
+
+    def remote_log(self, ctx: StepContext, follow: bool) -> Iterator[str] | None:
+        """A log that lives elsewhere (a Ray job's, on its cluster): chunks of text, or None for none."""
         return None
 
     def log_file(self, ctx: StepContext) -> Path | None:

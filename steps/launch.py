@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from pydantic import Field, field_validator
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 from steps.files import check_patterns, expand
 from steps.process import run_process
+from steps.ray_jobs import RayJob, RaySpec
 from steps.supervise import start_time, write
 
 SUPERVISOR = Path(__file__).with_name("supervise.py")
@@ -52,6 +54,11 @@ class LaunchSpec(SpecModel):
     creates: list[str] = Field(
         default_factory=list,
         description="Paths or globs the job makes: a finished job counts as done only while they exist.",
+    )
+    ray: RaySpec | None = Field(
+        None,
+        description="Submit the job to an existing Ray cluster through its Jobs API instead of running it here "
+        "(address, runtime_env, entrypoint_resources, ...).",
     )
 
     @field_validator("env", mode="before")
@@ -102,7 +109,17 @@ class LaunchStep(StepKind):
         return self.spec
 
     def streams_output(self) -> bool:
-        return not self.launch_spec.detach
+        return not self.launch_spec.detach and self.launch_spec.ray is None
+
+    @property
+    def ray(self) -> RayJob | None:
+        return RayJob(self) if self.launch_spec.ray is not None else None
+
+    def preview(self, ctx: StepContext) -> str | None:
+        return self.ray.secret_problem(ctx) if self.ray else None
+
+    def remote_log(self, ctx: StepContext, follow: bool) -> Iterator[str] | None:
+        return self.ray.logs(ctx, follow) if self.ray else None
 
     # ---- the job file ---------------------------------------------------------------------------------
 
@@ -137,6 +154,8 @@ class LaunchStep(StepKind):
         return None
 
     def probe(self, ctx: StepContext) -> Probe:
+        if self.ray:
+            return self.ray.probe(ctx)
         if not self.launch_spec.detach:
             missing = self._missing_output(ctx)
             return Probe.missing(f"{missing} is missing (the job makes it)") if missing else Probe.ok()
@@ -160,6 +179,8 @@ class LaunchStep(StepKind):
         return Probe.missing(f"the job exited with code {code} at {_when(job.get('finished'))}")
 
     def live_work(self, ctx: StepContext) -> str | None:
+        if self.ray:
+            return self.ray.live_work(ctx)
         if not self.launch_spec.detach:
             return None
         job = self.job(ctx)
@@ -178,6 +199,8 @@ class LaunchStep(StepKind):
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         spec = self.launch_spec
+        if self.ray:
+            return self.ray.apply(ctx)
         cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
         if not cwd.is_dir():
             raise StepError(f"working directory does not exist: {cwd}")
@@ -262,6 +285,8 @@ class LaunchStep(StepKind):
     # ---- stop -----------------------------------------------------------------------------------------
 
     def stop(self, ctx: StepContext) -> str:
+        if self.ray:
+            return self.ray.stop(ctx)
         if not self.launch_spec.detach:
             raise StepError("a foreground launch stops when its apply stops (Ctrl-C): nothing runs in the background")
         job = self.job(ctx)

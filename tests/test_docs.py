@@ -13,7 +13,11 @@ from runner.docs import generate
 from runner.schema import pipeline_schema
 from steps import KINDS, kind_class
 
-EXAMPLES = [ROOT / "pipeline.yaml", ROOT / "examples" / "quickstart" / "pipeline.yaml"]
+EXAMPLES = [
+    ROOT / "pipeline.yaml",
+    ROOT / "examples" / "quickstart" / "pipeline.yaml",
+    ROOT / "examples" / "multinode" / "pipeline.yaml",
+]
 
 
 def test_steps_md_is_generated_from_the_models() -> None:
