@@ -54,10 +54,24 @@ def ray_head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     temp = f"/tmp/rayt-{os.getpid()}"  # short: Ray's unix sockets live under it
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     started = subprocess.run(
-        [ray, "start", "--head", f"--port={gcs}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dashboard}",
-         f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-         "--include-dashboard=true", "--num-cpus=2", "--disable-usage-stats", f"--temp-dir={temp}"],
-        capture_output=True, text=True, env=env, timeout=300,
+        [
+            ray,
+            "start",
+            "--head",
+            f"--port={gcs}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-port={dashboard}",
+            f"--ray-client-server-port={free_port()}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            "--include-dashboard=true",
+            "--num-cpus=2",
+            "--disable-usage-stats",
+            f"--temp-dir={temp}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
     assert started.returncode == 0, started.stdout + started.stderr
     address = f"http://127.0.0.1:{dashboard}"

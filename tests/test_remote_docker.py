@@ -174,3 +174,43 @@ def test_a_wait_on_localhost_means_the_remote_engines_host() -> None:
     assert remote_readiness(other, "ssh://ops@gpu-7").http == "http://aenv.internal:8000/health"
     tcp = Readiness(tcp="localhost:5432")
     assert remote_readiness(tcp, "ssh://ops@db-1").tcp == "db-1:5432"
+
+
+def test_for_each_over_engines_deploys_a_fleet_each_with_its_own_record(
+    project: Project, ssh_engine: dict[str, Any], docker_client: Any, docker_host: str
+) -> None:
+    prefix = f"runner-fleet-{uuid.uuid4().hex[:6]}"
+    docker_client.test_names.extend([f"{prefix}-0", f"{prefix}-1"])
+    project.write(
+        f"""
+        name: fleet
+        vars: {{engines: ["{ssh_engine["address"]}", "{docker_host}"]}}
+        steps:
+          - name: aenv
+            for_each: "{{{{ vars.engines }}}}"
+            docker:
+              name: "{prefix}-{{{{ item_index }}}}"
+              image: {BUSYBOX_IMAGE}
+              pull: never
+              host: "{{{{ item }}}}"
+              command: [sleep, "600"]
+        """
+    )
+    env = {**project.env(), "HOME": ssh_engine["home"]}
+    env.pop("DOCKER_HOST", None)
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            project.argv("apply"), cwd=project.path, env=env, capture_output=True, text=True, timeout=180
+        )
+
+    first = run()
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "2 of 2 items ran" in first.stdout
+    state = json.loads((project.path / ".runner" / "state.json").read_text())["steps"]
+    items = [k for k in state if k.startswith("aenv[")]
+    assert len(items) == 2
+    assert {state[k]["outputs"]["host"] for k in items} == {ssh_engine["address"], docker_host}
+    assert docker_client.containers.get(f"{prefix}-0") and docker_client.containers.get(f"{prefix}-1")
+    again = run()
+    assert again.returncode == 0 and "2 items up to date" in again.stdout, again.stdout
