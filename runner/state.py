@@ -15,6 +15,7 @@ import fcntl
 import json
 import os
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -117,14 +118,18 @@ class StateStore:
 
     def _replay(self, data: dict[str, Any]) -> int:
         path = self.dir / f"journal-{data.get('generation', 0)}.jsonl"
-        if not path.exists():
+        try:
+            mode = path.stat().st_mode  # one look: a compaction may remove the file at any moment
+        except FileNotFoundError:
             return 0
-        if not path.is_file():
+        except OSError as exc:
+            raise StateError(f"cannot read {path}: {exc.strerror}") from None
+        if not stat.S_ISREG(mode):
             raise StateError(f"{path} is not a regular file; move it away (the snapshot alone is then the state)")
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
-            return 0
+            return 0  # folded into a newer snapshot meanwhile: load() notices the generation and reads again
         except OSError as exc:
             raise StateError(f"cannot read {path}: {exc.strerror}") from None
         count = 0

@@ -71,3 +71,31 @@ def test_fifty_parallel_steps_are_all_recorded(project: Project) -> None:
     assert sorted(state["steps"]) == sorted(f"p{i}" for i in range(50))
     assert {r["status"] for r in state["steps"].values()} == {"done"}
     assert list((project.path / ".runner").glob("journal-*.jsonl")) == []
+
+
+def test_loads_racing_compactions_never_fail(tmp_path: Path) -> None:
+    import threading
+
+    writer = StateStore(tmp_path).load()
+    errors: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                store = StateStore(tmp_path).load()
+                assert all(isinstance(r, dict) for r in store.steps.values())
+            except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                errors.append(repr(exc))
+
+    readers = [threading.Thread(target=read) for _ in range(3)]
+    for t in readers:
+        t.start()
+    try:
+        for i in range(1500):  # a compaction every ~64 transitions: many chances to race a reader
+            writer.update(f"s{i % 5}", n=i)
+    finally:
+        done.set()
+        for t in readers:
+            t.join()
+    assert errors == []
