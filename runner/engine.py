@@ -768,7 +768,9 @@ class Engine:
         )
         status: Status = "changed" if prep.instance.changes_system else "ok"
         shown = {k: v for k, v in masked_outputs.items() if k not in secret_keys}
-        result = Result(name, status, decision.reason, duration, log=str(log_path), attempts=attempts, outputs=shown)
+        # a check that ran and passed says so, not just why it ran
+        reason = decision.reason if prep.instance.changes_system else f"checked, passed ({decision.reason})"
+        result = Result(name, status, reason, duration, log=str(log_path), attempts=attempts, outputs=shown)
         self.reporter.step_finished(result)
         return result
 

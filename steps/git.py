@@ -180,7 +180,7 @@ class GitStep(StepKind):
     def _git(self, ctx: StepContext, args: list[str], cwd: Path, network: bool = False) -> str:
         argv = ["git", "-c", "advice.detachedHead=false", *args]
         ctx.on_output("$ " + " ".join(args))
-        result = run_process(argv, ctx, cwd=cwd, env=_git_env(ctx.env))
+        result = run_process(argv, ctx, cwd=cwd, env=_git_env(ctx.env), on_transient=lambda t: _progress(ctx, t))
         if result.returncode != 0:
             text = "\n".join(result.tail).strip()
             message = f"git {args[0]} failed (exit {result.returncode}): {_last_error(text)}"
@@ -354,6 +354,16 @@ class GitStep(StepKind):
         if remote_branch is None:
             raise StepError(f"{ref} is neither a branch nor a tag of {spec.url}")
         return remote_branch, ref
+
+
+_PROGRESS = re.compile(r"(Receiving objects|Resolving deltas|Updating files|Counting objects):\s+\d+% \((\d+)/(\d+)\)")
+
+
+def _progress(ctx: StepContext, text: str) -> None:
+    """git's `Receiving objects:  45% (450/1000)` as progress (the live view draws a bar)."""
+    match = _PROGRESS.search(text)
+    if match:
+        ctx.progress(int(match.group(2)), int(match.group(3)), match.group(1).split()[-1])
 
 
 def _git_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,27 @@ def _load_prctl() -> object | None:
 _PRCTL: Any = _load_prctl()
 
 
+def _lines(stream: Any) -> Iterator[bytes]:
+    """Lines as they arrive, each with its end: `\n`, or `\r` alone for a progress update."""
+    pending = b""
+    for chunk in iter(lambda: stream.read1(65536), b""):
+        pending += chunk
+        start = 0
+        for i, byte in enumerate(pending):
+            if byte == 10:  # \n
+                yield pending[start : i + 1]
+                start = i + 1
+            elif byte == 13 and i + 1 < len(pending) and pending[i + 1] != 10:  # \r not followed by \n
+                yield pending[start : i + 1]
+                start = i + 1
+        pending = pending[start:]
+        if len(pending) > 1 << 20:  # a megabyte without an end of line: pass it on as it is
+            yield pending + b"\n"
+            pending = b""
+    if pending:
+        yield pending if pending.endswith(b"\n") else pending + b"\n"
+
+
 def run_process(
     argv: Sequence[str],
     ctx: StepContext,
@@ -74,8 +95,12 @@ def run_process(
     env: Mapping[str, str] | None = None,
     stop_signal: int = signal.SIGTERM,
     grace: float = 3.0,
+    on_transient: Callable[[str], None] | None = None,
 ) -> Completed:
     """Run argv, streaming its merged output to the step's log and ``ctx.on_output``.
+
+    A line ended by a carriage return alone is a progress update that the next one overwrites (git's
+    "Receiving objects: 45%"): it goes to ``on_transient`` only, not to the log, the tail or the output.
 
     The child gets its own session (process group), so a timeout or an interrupt stops it and everything it
     started. Raises StepError when the program cannot be started, or on timeout or cancellation.
@@ -113,7 +138,11 @@ def run_process(
     def read() -> None:
         nonlocal captured_size, log
         assert proc.stdout is not None
-        for raw in iter(proc.stdout.readline, b""):
+        for raw in _lines(proc.stdout):
+            if raw.endswith(b"\r"):
+                if on_transient is not None:
+                    on_transient(ctx.mask(raw.decode("utf-8", errors="replace")).strip())
+                continue
             line = ctx.mask(raw.decode("utf-8", errors="replace"))
             if log is not None:
                 try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -180,3 +181,19 @@ def test_git_daemon_clone_and_cut_transfer(project: Project, tmp_path: Path) -> 
     down = project5.run("apply")
     assert down.code == 1
     assert "git clone failed" in down.out and not (project5.path / "src").exists()
+
+
+def test_clone_progress_reaches_the_event_stream(project: Project, upstream: Upstream) -> None:
+    for i in range(30):
+        upstream.commit(f"f{i}.bin", os.urandom(20_000))
+    _pipeline(project, upstream.url, "main")
+    result = project.run("apply", "--json")
+    assert result.code == 0, result.text
+    events = [json.loads(line) for line in result.out.splitlines()]
+    progress = [e for e in events if e["event"] == "progress" and e["step"] == "src"]
+    assert progress, "no progress events from the clone"
+    assert all(0 <= e["done"] <= e["total"] for e in progress)
+    assert {e["unit"] for e in progress} <= {"objects", "deltas", "files"}
+    assert any(e["done"] == e["total"] for e in progress)
+    log = next((project.path / ".runner" / "logs").glob("*/src.log")).read_text()
+    assert "Receiving objects:  1%" not in log  # the overwritten updates stay out of the log
