@@ -594,11 +594,11 @@ class Engine:
             if decision.action not in ("ok", "pending"):
                 outcome = self._execute(prep, decision, time.monotonic(), log_path)
                 if outcome.status not in ("ok", "changed"):
-                    done = sum(1 for other in items[: item.index])
                     return Result(
                         name,
                         outcome.status,
-                        f"item {item.key} ({item.index + 1} of {len(items)}) did not succeed; {done} before it done",
+                        f"item {item.key} ({item.index + 1} of {len(items)}) did not succeed; "
+                        f"{item.index} before it done",
                         time.monotonic() - started,
                         error=f"item {item.key}: {outcome.error}",
                         log=outcome.log,
@@ -918,7 +918,10 @@ class Engine:
     def remote_log(self, name: str, follow: bool) -> Iterator[str] | None:
         """The log of what a step started elsewhere (a Ray job), if it has one."""
         self.load_state()
-        prep = self._prepare_through(name)
+        try:
+            prep = self._prepare_through(name)
+        except InputError:
+            return None  # not renderable now: the local log, if any, is what there is to show
         return prep.instance.remote_log(prep.ctx, follow)
 
     def runs_of(self, name: str) -> list[Path]:

@@ -11,6 +11,7 @@ command state.json alone is the whole state, and at any instant snapshot + journ
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -229,22 +230,23 @@ class StateStore:
                     stale.unlink()
 
 
+MIN_FREE = 64 * 1024  # bytes the state directory needs to record a run
+
+
 def check_writable(state_dir: Path) -> None:
-    """Before any step runs: can we record what happens? A read-only or full .runner/ is said up front."""
-    probe = state_dir / f".write-check-{os.getpid()}"
+    """Before any step runs: can we record what happens? A read-only or full .runner/ is said up front.
+    Cheap on the converged path: a permission check and a statvfs, no write."""
     try:
         (state_dir / "logs").mkdir(parents=True, exist_ok=True)
-        with open(probe, "wb") as fh:
-            fh.write(b"x" * 4096)
-            fh.flush()
-            os.fsync(fh.fileno())
+        if not os.access(state_dir, os.W_OK) or not os.access(state_dir / "logs", os.W_OK):
+            raise OSError(errno.EACCES, "read-only or not writable")
+        free = os.statvfs(state_dir)
+        if free.f_bavail * free.f_frsize < MIN_FREE:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     except OSError as exc:
         raise StateError(
             f"cannot write to {state_dir}: {exc.strerror}; nothing was run and the previous state is kept"
         ) from None
-    finally:
-        with contextlib.suppress(OSError):
-            probe.unlink()
 
 
 def _alive(pid: int) -> bool:

@@ -6,6 +6,7 @@ never parsed, so plain specs cost nothing.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -135,8 +136,15 @@ class RenderError(Exception):
 def render_string(source: str, context: Mapping[str, Any], path: tuple[str | int, ...] = ()) -> str:
     if not is_template(source):
         return source
-    try:
+    with _render_errors(path):
         return _bounded(_compile(source), context)
+
+
+@contextlib.contextmanager
+def _render_errors(path: tuple[str | int, ...]) -> Iterator[None]:
+    """Whatever goes wrong while rendering becomes a RenderError naming the field."""
+    try:
+        yield
     except TemplateLimit as exc:
         raise RenderError(f"template refused: {exc}", path) from None
     except jinja2.UndefinedError as exc:
@@ -235,21 +243,9 @@ def render_value(source: Any, context: Mapping[str, Any], path: tuple[str | int,
     match = _WHOLE_EXPRESSION.match(source)
     if not match:
         return render_string(source, context, path)
-    try:
+    with _render_errors(path):
         _budget.left = MAX_ITERATIONS
         value = environment().compile_expression(match.group("expr"), undefined_to_none=False)(**context)
-    except TemplateLimit as exc:
-        raise RenderError(f"template refused: {exc}", path) from None
-    except jinja2.UndefinedError as exc:
-        raise RenderError(f"undefined in template: {exc.message}", path) from None
-    except jinja2.TemplateSyntaxError as exc:
-        raise RenderError(f"template syntax error: {exc.message}", path) from None
-    except jinja2.exceptions.SecurityError as exc:
-        raise RenderError(f"not allowed in a template: {exc}", path) from None
-    except (TypeError, ValueError, ZeroDivisionError, OverflowError, jinja2.TemplateError) as exc:
-        raise RenderError(f"template error: {exc}", path) from None
-    except RecursionError:
-        raise RenderError("template error: recursion too deep", path) from None
     if isinstance(value, jinja2.Undefined):
         raise RenderError("undefined in template", path)
     return value

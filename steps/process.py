@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -48,11 +49,14 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     """The child gets SIGKILL when runner dies, even by kill -9 (Linux's PR_SET_PDEATHSIG), so a crashed
     apply leaves no installer or command running behind it; a normal stop still goes through the process
     group."""
-    if _PRCTL is not None:
-        _PRCTL(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-def _load_prctl() -> object | None:
+@functools.lru_cache(maxsize=1)
+def _prctl() -> Any:
+    """libc's prctl, loaded the first time a process is run (ctypes stays off the converged path)."""
     if not sys.platform.startswith("linux"):
         return None
     try:
@@ -61,9 +65,6 @@ def _load_prctl() -> object | None:
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
-
-
-_PRCTL: Any = _load_prctl()
 
 
 def _lines(stream: Any) -> Iterator[bytes]:
@@ -114,7 +115,7 @@ def run_process(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent if _PRCTL is not None else None,  # noqa: PLW1509 - a single libc call
+            preexec_fn=_die_with_parent if _prctl() is not None else None,  # noqa: PLW1509 - a single libc call
         )
     except FileNotFoundError as exc:
         missing = exc.filename or argv[0]

@@ -48,28 +48,18 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def engine_host() -> Iterator[str | None]:
-    """A Docker Engine when one is reachable (required under CI=true), else None: the container step is left out."""
+def engine_host(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    """The tests' Docker Engine (conftest's docker_host: it fails under CI=true without one); elsewhere, without
+    an engine, None: the container step is left out and the other kinds are still killed."""
     import docker
-    from conftest import _busybox_tar, _engine_reachable
 
-    host = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if not _engine_reachable(host):
-        root = Path(__file__).resolve().parent.parent
-        proc = subprocess.run([str(root / ".ci" / "docker-up")], capture_output=True, text=True, timeout=600)
-        host = proc.stdout.strip().splitlines()[-1] if proc.returncode == 0 and proc.stdout.strip() else ""
-        if not host or not _engine_reachable(host):
-            if os.environ.get("CI") == "true":
-                pytest.fail("no Docker Engine under CI=true")
-            yield None
-            return
-    client = docker.DockerClient(base_url=host, timeout=60)
     try:
-        client.images.get(BUSYBOX_IMAGE)
-    except docker.errors.ImageNotFound:
-        repo, tag = BUSYBOX_IMAGE.split(":")
-        client.api.import_image_from_data(_busybox_tar(), repository=repo, tag=tag)
+        host = request.getfixturevalue("docker_host")
+    except pytest.skip.Exception:
+        yield None
+        return
     yield host
+    client = docker.DockerClient(base_url=host, timeout=60)
     for container in client.containers.list(all=True, filters={"label": "runner.step=box"}):
         container.remove(force=True)
     client.close()

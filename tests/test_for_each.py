@@ -115,4 +115,5 @@ def test_for_each_errors_name_the_field(project: Project) -> None:
     )
     result = project.run("apply")
     assert result.code == 2 and "for_each must give a list, not int" in result.text
+    assert "pipeline.yaml:5:" in result.text and "steps[0] (each).for_each" in result.text
     assert "Traceback" not in result.text

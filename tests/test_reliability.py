@@ -172,24 +172,6 @@ def test_readers_never_see_a_half_written_state(project: Project) -> None:
     assert len(StateStore(project.path / ".runner").load().steps) == 120
 
 
-def test_a_second_apply_exits_at_once_naming_the_holder(project: Project) -> None:
-    project.write('name: lock\nsteps:\n  - name: slow\n    run: "touch started; sleep 20"\n')
-    proc = project.popen("apply")
-    try:
-        deadline = time.monotonic() + 30
-        while not (project.path / "started").exists():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        began = time.monotonic()
-        second = project.run("apply")
-        waited = time.monotonic() - began
-        assert second.code == 1 and f"pid {proc.pid}" in second.err and "since" in second.err
-        assert waited < 10  # it does not wait for the lock (the bench measures the real figure)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
 # ---- the outside world ---------------------------------------------------------------------------------
 
 
