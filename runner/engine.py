@@ -544,15 +544,9 @@ class Engine:
         try:
             prep = self.prepare(step, log_path)
         except InputError as exc:
-            result = Result(name, "failed", error=str(exc), input_error=True)
-            self.reporter.step_finished(result)
-            return result
+            return self._report(Result(name, "failed", error=str(exc), input_error=True))
         if prep is None:
-            self._adopt_record(name)
-            self.digests[name] = "skipped"
-            result = Result(name, "skipped", f"`when` is false: {step.common.when}")
-            self.reporter.step_finished(result)
-            return result
+            return self._skipped(step)
         decision = self.decide(prep, crashed_ok=True)
         if decision.action in ("ok", "pending"):
             self._adopt_record(name)
@@ -562,6 +556,15 @@ class Engine:
             return result
         return self._execute(prep, decision, started, log_path)
 
+    def _report(self, result: Result) -> Result:
+        self.reporter.step_finished(result)
+        return result
+
+    def _skipped(self, step: StepDecl) -> Result:
+        self._adopt_record(step.name)
+        self.digests[step.name] = "skipped"
+        return self._report(Result(step.name, "skipped", f"`when` is false: {step.common.when}"))
+
     def _run_each(self, step: StepDecl, log_dir: Path, started: float) -> Result:
         """A for_each step: its items in order, each decided and recorded on its own; then one record for the
         step whose outputs (`items`, `keys`, `count`) and digest later steps see."""
@@ -569,15 +572,9 @@ class Engine:
         try:
             items = self.items(step)
         except InputError as exc:
-            result = Result(name, "failed", error=str(exc), input_error=True)
-            self.reporter.step_finished(result)
-            return result
+            return self._report(Result(name, "failed", error=str(exc), input_error=True))
         if items is None:
-            self._adopt_record(name)
-            self.digests[name] = "skipped"
-            result = Result(name, "skipped", f"`when` is false: {step.common.when}")
-            self.reporter.step_finished(result)
-            return result
+            return self._skipped(step)
         ran = 0
         kept: list[dict[str, Any]] = []
         for item in items:
@@ -586,9 +583,7 @@ class Engine:
             try:
                 prep = self.prepare(step, log_path, item)
             except InputError as exc:
-                result = Result(name, "failed", error=f"item {item.key}: {exc}", input_error=True)
-                self.reporter.step_finished(result)
-                return result
+                return self._report(Result(name, "failed", error=f"item {item.key}: {exc}", input_error=True))
             assert prep is not None
             decision = self.decide(prep, crashed_ok=True)
             if decision.action not in ("ok", "pending"):

@@ -106,22 +106,12 @@ class Reporter:
         """Stop whatever the reporter draws (the live view)."""
 
     def recap(self, results: list[Result]) -> None:
-        counts = dict.fromkeys(("ok", "changed", "failed", "skipped"), 0)
-        blocked = pending = 0
-        for r in results:
-            if r.status in counts:
-                counts[r.status] += 1
-            elif r.status == "interrupted":
-                counts["failed"] += 1
-            elif r.status == "blocked":
-                blocked += 1
-            elif r.status == "pending":
-                pending += 1
-        text = " ".join(f"{k}={v}" for k, v in counts.items())
-        if blocked:
-            text += f" blocked={blocked}"
-        if pending:
-            text += f" restart-pending={pending}"
+        counts = recap_counts(results)
+        text = " ".join(f"{k}={counts[k]}" for k in ("ok", "changed", "failed", "skipped"))
+        if counts["blocked"]:
+            text += f" blocked={counts['blocked']}"
+        if counts["pending"]:
+            text += f" restart-pending={counts['pending']}"
         self._print(f"recap: {text}")
 
     def plan(self, decisions: list[Decision]) -> None:

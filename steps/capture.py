@@ -83,9 +83,9 @@ class CaptureStep(StepKind):
         return {"value": value}
 
     def _exec(self, ctx: StepContext, argv: list[str]) -> tuple[int, str]:
-        import docker.errors
+        from steps.docker_engine import api_error_text, connect, sdk
 
-        from steps.docker_engine import api_error_text, connect
+        docker = sdk()
 
         spec = self.capture_spec
         client, address = connect(spec.host, ctx.env)

@@ -31,7 +31,7 @@ from pydantic import Field, field_validator
 
 from steps import faults
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
-from steps.docker_engine import api_error_text, connect, engine_address, engine_hostname
+from steps.docker_engine import api_error_text, connect, engine_address, engine_hostname, sdk
 from steps.waiting import Readiness, wait_ready
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ class DockerStep(StepKind):
     # ---- probe ----------------------------------------------------------------------------------------
 
     def probe(self, ctx: StepContext) -> Probe:
-        import docker.errors
+        docker = sdk()
 
         spec = self.docker_spec
         client, address = connect(spec.host, ctx.env, spec.tls, ping=False)
@@ -222,7 +222,7 @@ class DockerStep(StepKind):
         self, ctx: StepContext, client: docker.DockerClient, container: Container
     ) -> tuple[str, list[str]] | None:
         """Why the container does not match the spec (reason, field changes), or None when it does."""
-        import docker.errors
+        docker = sdk()
 
         labels = container.labels or {}
         if labels.get(HASH_LABEL) != self.config_hash(ctx):
@@ -259,7 +259,7 @@ class DockerStep(StepKind):
     # ---- apply ----------------------------------------------------------------------------------------
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        import docker.errors
+        docker = sdk()
 
         spec = self.docker_spec
         client, address = connect(spec.host, ctx.env, spec.tls)
@@ -297,7 +297,7 @@ class DockerStep(StepKind):
             client.close()
 
     def _ensure_image(self, ctx: StepContext, client: docker.DockerClient, address: str) -> Any:
-        import docker.errors
+        docker = sdk()
 
         spec = self.docker_spec
         local = None
@@ -339,7 +339,7 @@ class DockerStep(StepKind):
                 total = layers[event["id"]][1]
                 layers[event["id"]] = (total, total)
             if "error" in event:
-                import docker.errors
+                docker = sdk()
 
                 raise docker.errors.APIError(str(event["error"]), explanation=str(event["error"]))
             status = event.get("status")
@@ -349,7 +349,7 @@ class DockerStep(StepKind):
                 raise StepError("interrupted while pulling " + self.docker_spec.image)
 
     def _remove(self, container: Container, stop_timeout: float) -> None:
-        import docker.errors
+        docker = sdk()
 
         try:
             if container.status == "running":
@@ -361,7 +361,7 @@ class DockerStep(StepKind):
     def _create_and_start(
         self, ctx: StepContext, client: docker.DockerClient, address: str, image_id: str
     ) -> Container:
-        import docker.errors
+        docker = sdk()
 
         spec = self.docker_spec
         ports: dict[str, list[Any]] = {}

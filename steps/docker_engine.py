@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,36 @@ def engine_hostname(address: str) -> str | None:
     return None
 
 
+def sdk() -> Any:
+    """The docker SDK (with docker.errors), imported once, through here only. The SDK imports paramiko whenever
+    it is installed (about 0.1 s), though only ssh:// engines use it: the first import keeps it out, and
+    connect() hands it over when an ssh:// engine comes."""
+    if "docker" not in sys.modules and "paramiko" not in sys.modules:
+        sys.modules["paramiko"] = None  # type: ignore[assignment]
+        try:
+            import docker
+        finally:
+            del sys.modules["paramiko"]
+    import docker
+    import docker.errors
+
+    return docker
+
+
+def _enable_ssh() -> None:
+    """If sdk() kept paramiko out, the SDK's ssh transport did not load: load it now and put it where the
+    client looks for it (docker.transport and docker.api.client import it with `try: ... except ImportError`)."""
+    import docker.api.client as api_client
+    import docker.transport as transport
+
+    if getattr(api_client, "SSHHTTPAdapter", None) is not None:
+        return
+    from docker.transport.sshconn import SSHHTTPAdapter
+
+    transport.SSHHTTPAdapter = SSHHTTPAdapter
+    api_client.SSHHTTPAdapter = SSHHTTPAdapter
+
+
 def tls_config(tls: Any, env: Mapping[str, str]) -> Any:
     """A docker.tls.TLSConfig from a step's `tls` (ca_cert, client_cert, client_key, verify), or None."""
     if tls is None:
@@ -48,10 +79,19 @@ def connect(
 
     `ssh://user@host[:port]` goes through paramiko, as the docker SDK does by default: it reads ~/.ssh/config
     (IdentityFile, Port, User) and runs `docker system dial-stdio` on the remote host."""
-    import docker
-    import docker.errors
-
     address = engine_address(host, env)
+    if address.startswith("ssh://"):
+        import importlib.util
+
+        if importlib.util.find_spec("paramiko") is None:
+            raise StepError(
+                f"cannot reach the Docker Engine at {address}: ssh:// engines need paramiko",
+                hint="pip install 'runner[ssh]' (or `pip install paramiko`) where runner runs",
+            )
+        sdk()
+        _enable_ssh()
+    docker = sdk()
+
     try:
         client = docker.DockerClient(
             base_url=address, timeout=API_TIMEOUT, tls=tls_config(tls, env), use_ssh_client=False

@@ -184,7 +184,7 @@ def test_for_each_over_engines_deploys_a_fleet_each_with_its_own_record(
     project.write(
         f"""
         name: fleet
-        vars: {{engines: ["{ssh_engine["address"]}", "{docker_host}"]}}
+        vars: {{engines: ["{docker_host}", "{ssh_engine["address"]}"]}}  # local first: paramiko comes in late
         steps:
           - name: aenv
             for_each: "{{{{ vars.engines }}}}"
