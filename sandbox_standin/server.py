@@ -1,17 +1,28 @@
 """The E2B-compatible stand-in server: control plane, Connect-RPC process data plane, health.
 
-Wire (as the e2b SDK 2.45-2.63 speaks it):
+Every behaviour here copies AgentENV (kvcache-ai/AgentENV at e3dcc6a, the source is cited in docs/upstream.md)
+or the e2b SDK (2.45-2.63) where the pipeline and the SDK touch it:
 
-- ``GET /health`` -> 204, no auth (AgentENV's readiness endpoint).
-- ``POST /v2/sandboxes`` (SDK >= 2.51) and ``POST /sandboxes`` -> 201 ``{templateID, sandboxID, clientID,
-  envdVersion}``; ``--v1-only`` answers 405 on the v2 path, as AgentENV images before its PR #306 do.
-- ``GET /v2/sandboxes`` and ``GET /sandboxes`` -> the list; ``GET /sandboxes/{id}`` -> one;
-  ``DELETE /sandboxes/{id}`` -> 204, unknown -> 404.
-- Control-plane calls need the header ``X-API-Key`` (any case): a wrong or missing key -> 401.
-- ``POST /process.Process/Start`` with ``E2b-Sandbox-Id``: a Connect server-streaming call, JSON codec; the
-  command runs in the sandbox's scratch directory and its output streams back as start/data/end events.
+- ``GET /health`` -> 204, no auth. Every other path needs exactly one ``X-API-Key`` header with the server's
+  key, checked before routing: wrong, missing or doubled -> 401 with an empty body (src/api/impls/auth.rs).
+- No templates until one is made. ``POST /v3/templates {name}`` -> 202 (templateID = buildID), then
+  ``POST /v2/templates/{id}/builds/{id} {fromImage}`` -> 202 starts the build, polled with
+  ``GET /templates/{id}/builds/{id}/status`` (building -> ready); ``GET /templates/aliases/{name}`` -> 200 or 404
+  (what the e2b SDK's ``Template.build`` and ``Template.alias_exists`` call, and what ``aenv pull`` does).
+- ``POST /sandboxes`` -> 201; an unknown template -> 400 "template X not found" (src/api/impls/sandbox.rs).
+  ``POST /v2/sandboxes`` (SDK >= 2.51) -> 201 as well, except with ``--v1-only``: images before AgentENV PR #306
+  route ``/v2/sandboxes`` for GET only, so POST gets axum's 405 (empty body, ``Allow: GET,HEAD``).
+- ``GET /sandboxes`` and ``GET /v2/sandboxes`` list the running ones; ``DELETE /sandboxes/{id}`` -> 204, unknown
+  -> 404 "sandbox X not found"; any other path -> 404 "route not found: METHOD PATH".
+- The data plane: a request with ``E2b-Sandbox-Id`` (or ``X-Agentenv-Sandbox-Id``) and ``E2b-Sandbox-Port`` is a
+  proxy request; the sandbox must exist (else 404) and, when it was created with ``secure: true`` (e2b < 2.51
+  sends that; newer SDKs do not), carry its ``X-Access-Token``. ``POST /process.Process/Start`` is a Connect
+  server-streaming call, JSON codec: the command runs in the sandbox's scratch directory and its output
+  streams back as start/data/end events.
 
-Nothing here isolates anything: a "sandbox" is a directory and its commands are processes of this user.
+Where it cannot copy: a template "build" records the image name and runs no build steps (a build with steps
+ends in status error, saying so), and a "sandbox" is a directory whose commands are processes of this user.
+Nothing here isolates anything.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import ipaddress
 import json
 import os
 import queue
+import re
 import secrets
 import shutil
 import signal
@@ -50,17 +62,20 @@ NOT_A_SANDBOX = (
 class Sandbox:
     sandbox_id: str
     template_id: str
+    alias: str
     client_id: str
     directory: Path
     env_vars: dict[str, str]
     metadata: dict[str, str]
     started: float
     timeout: float
+    access_token: str | None  # set when created with `secure: true`; the data plane then requires it
     processes: set[subprocess.Popen[bytes]] = field(default_factory=set)
 
     def describe(self) -> dict[str, Any]:
         return {
             "templateID": self.template_id,
+            "alias": self.alias,
             "sandboxID": self.sandbox_id,
             "clientID": self.client_id,
             "startedAt": _iso(self.started),
@@ -74,28 +89,109 @@ class Sandbox:
         }
 
 
+@dataclass
+class Template:
+    """A template as AgentENV keeps it: one record whose id is also its build id (compatibility mode)."""
+
+    template_id: str
+    name: str
+    status: str = "waiting"  # waiting (requested) -> building -> ready | error
+    image: str | None = None
+    reason: str | None = None
+    ready_at: float = 0.0
+    log: list[dict[str, str]] = field(default_factory=list)
+
+    def current_status(self) -> str:
+        if self.status == "building" and time.time() >= self.ready_at:
+            self.status = "ready"
+            self.log.append(_log_entry("info", f"template {self.name} is ready"))
+        return self.status
+
+
+ALIAS = re.compile(r"[A-Za-z0-9_-]+")  # SnapshotAlias::parse: ASCII letters, digits, hyphens, underscores
+
+
+def _log_entry(level: str, message: str) -> dict[str, str]:
+    return {"timestamp": _iso(time.time()), "level": level, "message": message}
+
+
 def _iso(stamp: float) -> str:
     return datetime.fromtimestamp(stamp, tz=timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 class Registry:
-    """The live sandboxes, each with its scratch directory and running processes."""
+    """The templates and the live sandboxes, each sandbox with its scratch directory and running processes."""
 
-    def __init__(self, root: Path, templates: set[str]) -> None:
+    def __init__(self, root: Path, templates: set[str], build_seconds: float = 0.0) -> None:
         self.root = root
-        self.templates = templates
         self.lock = threading.Lock()
+        self.build_seconds = build_seconds
+        self.templates: dict[str, Template] = {}
         self.sandboxes: dict[str, Sandbox] = {}
+        for name in sorted(templates):  # made before start, as `aenv pull` would have made them
+            self.templates[name] = Template(str(uuid.uuid4()), name, status="ready", image="(preset)")
 
-    def create(self, body: dict[str, Any]) -> Sandbox:
-        template = str(body.get("templateID") or "base")
-        timeout = float(body.get("timeout") or 300)
-        sandbox_id = "sbx" + uuid.uuid4().hex[:17]
+    # ---- templates ---------------------------------------------------------------------------------------
+
+    def request_template(self, name: str) -> Template:
+        with self.lock:
+            template = Template(str(uuid.uuid4()), name)
+            self.templates.setdefault(name, template)  # a name that is new resolves once its build is ready
+            self.templates[template.template_id] = template
+            return template
+
+    def template(self, key: str, ready_only: bool = True) -> Template | None:
+        """By id or by name; a name resolves only to a committed (ready) template, as resolve_committed_alias."""
+        with self.lock:
+            found = self.templates.get(key)
+        if found is None:
+            return None
+        status = found.current_status()
+        if ready_only and status != "ready":
+            return None
+        return found
+
+    def start_build(self, template: Template, body: dict[str, Any]) -> None:
+        steps = body.get("steps") or []
+        image = body.get("fromImage") or body.get("fromTemplate")
+        template.image = str(image) if image else "(the server's default image)"
+        template.log.append(_log_entry("info", f"building {template.name} from {template.image}"))
+        if steps:
+            kinds = ", ".join(sorted({str(step.get("type", "?")) for step in steps if isinstance(step, dict)}))
+            template.status = "error"
+            template.reason = (
+                f"sandbox_standin cannot run template build steps ({kinds}): it has no images; "
+                "build from an image alone, or rehearse against a real AgentENV"
+            )
+            return
+        template.status = "building"
+        template.ready_at = time.time() + self.build_seconds
+        with self.lock:
+            self.templates[template.name] = template  # the name now resolves to this build (once ready)
+
+    # ---- sandboxes ---------------------------------------------------------------------------------------
+
+    def create(self, body: dict[str, Any], template: Template) -> Sandbox:
+        given = body.get("timeout")
+        timeout = float(given) if isinstance(given, (int, float)) else 15.0  # NewSandbox's default is 15 s
+        sandbox_id = str(uuid.uuid4())
         directory = self.root / "sandboxes" / sandbox_id
         directory.mkdir(parents=True)
         env_vars = {str(k): str(v) for k, v in (body.get("envVars") or {}).items()}
         metadata = {str(k): str(v) for k, v in (body.get("metadata") or {}).items()}
-        box = Sandbox(sandbox_id, template, "standin", directory, env_vars, metadata, time.time(), timeout)
+        token = secrets.token_hex(16) if body.get("secure") is True else None
+        box = Sandbox(
+            sandbox_id,
+            template.template_id,
+            template.name,
+            "standin",
+            directory,
+            env_vars,
+            metadata,
+            time.time(),
+            timeout,
+            token,
+        )
         with self.lock:
             self.sandboxes[sandbox_id] = box
         return box
@@ -208,82 +304,200 @@ class Handler(BaseHTTPRequestHandler):
         self._send(status, {"code": status, "message": message})
 
     def _authorized(self) -> bool:
-        given = self.headers.get("X-API-Key") or ""
-        if hmac.compare_digest(given.encode(), self.server.api_key.encode()):
-            return True
-        self._error(401, "Invalid API key" if given else "Missing API key: send it in the X-API-Key header")
-        return False
+        """Exactly one X-API-Key header, equal to the key (auth.rs: single_header + matches)."""
+        given = self.headers.get_all("X-API-Key") or []
+        return len(given) == 1 and hmac.compare_digest(given[0].encode(), self.server.api_key.encode())
+
+    def _is_proxy_request(self, route_known: bool) -> bool:
+        """A data-plane request: a routing header on a path that is not a control-plane route (proxy.rs)."""
+        routed = self.headers.get("E2b-Sandbox-Id") or self.headers.get("X-Agentenv-Sandbox-Id")
+        return bool(routed) and not route_known
 
     # ---- routes ----------------------------------------------------------------------------------------
 
     def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0].rstrip("/") or "/"
-        if path == "/health":
-            self._send(204 if time.time() >= self.server.ready_at else 503)
-            return
-        if not self._authorized():
-            return
-        if path in ("/sandboxes", "/v2/sandboxes"):
-            self._send(200, self.server.registry.listing())
-        elif path.startswith("/sandboxes/"):
-            box = self.server.registry.get(path.split("/")[2])
-            if box is None:
-                self._error(404, "sandbox not found")
-            else:
-                self._send(200, box.describe())
-        else:
-            self._error(404, f"no route {path}")
-
-    def do_DELETE(self) -> None:
-        path = self.path.split("?", 1)[0].rstrip("/")
-        if not self._authorized():
-            return
-        parts = path.split("/")
-        if len(parts) == 3 and parts[1] == "sandboxes":
-            if self.server.registry.kill(parts[2]):
-                self._send(204)
-            else:
-                self._error(404, f"sandbox {parts[2]} not found")
-        else:
-            self._error(404, f"no route {path}")
+        self._dispatch("GET")
 
     def do_POST(self) -> None:
-        path = self.path.split("?", 1)[0].rstrip("/")
+        self._dispatch("POST")
+
+    def do_DELETE(self) -> None:
+        self._dispatch("DELETE")
+
+    def _dispatch(self, method: str) -> None:
+        path = self.path.split("?", 1)[0].rstrip("/") or "/"
         try:
-            if path == "/process.Process/Start":
-                self._process_start()
-                return
-            if path in ("/sandboxes", "/v2/sandboxes"):
-                body = self._json_body()
-                if path == "/v2/sandboxes" and self.server.v1_only:
-                    self._send(405, {"code": 405, "message": "Method Not Allowed"}, {"Allow": "GET"})
-                    return
-                if not self._authorized():
-                    return
-                template = str(body.get("templateID") or "base")
-                if template not in self.server.registry.templates:
-                    self._error(404, f"template '{template}' not found")
-                    return
-                box = self.server.registry.create(body)
-                self._send(
-                    201,
-                    {
-                        "templateID": box.template_id,
-                        "sandboxID": box.sandbox_id,
-                        "clientID": box.client_id,
-                        "envdVersion": ENVD_VERSION,
-                        "alias": box.template_id,
-                    },
-                )
-                return
-            if path.startswith("/process.Process/") or path.startswith("/filesystem."):
-                self._body()
-                self._send(501, {"code": "unimplemented", "message": f"{path} is not in the stand-in"})
-                return
-            self._body()
-            self._error(404, f"no route {path}")
-        except (ValueError, json.JSONDecodeError) as exc:
+            body = self._body()
+        except ValueError as exc:
             self._error(400, f"bad request: {exc}")
+            return
+        route = self._route(path)
+        if path == "/health" and not self._is_proxy_request(True):
+            self._send(204 if method == "GET" else 405, headers={} if method == "GET" else {"Allow": "GET,HEAD"})
+            return
+        if self._is_proxy_request(route is not None):
+            self._data_plane(method, path, body)
+            return
+        if not self._authorized():
+            self._send(401)
+            return
+        if route is None:
+            self._error(404, f"route not found: {method} {path}")
+            return
+        name, methods = route
+        if method not in methods:
+            allowed = ",".join(sorted(methods | ({"HEAD"} if "GET" in methods else set())))
+            self._send(405, headers={"Allow": allowed})  # axum's MethodNotAllowed: an empty body
+            return
+        try:
+            data = json.loads(body or b"{}") if method == "POST" else {}
+        except json.JSONDecodeError as exc:
+            self._error(400, f"bad request: {exc}")
+            return
+        if not isinstance(data, dict):
+            self._error(400, "bad request: the body is not a JSON object")
+            return
+        getattr(self, f"_{name}")(method, path.split("/"), data)
+
+    def _route(self, path: str) -> tuple[str, set[str]] | None:
+        """The control-plane routes this stand-in has, by path shape, with the methods each accepts."""
+        parts = path.split("/")[1:]
+        v2_create = {"GET"} if self.server.v1_only else {"GET", "POST"}
+        table: list[tuple[list[str], str, set[str]]] = [
+            (["sandboxes"], "sandboxes", {"GET", "POST"}),
+            (["v2", "sandboxes"], "sandboxes", v2_create),
+            (["sandboxes", "*"], "sandbox", {"GET", "DELETE"}),
+            (["v3", "templates"], "request_template", {"POST"}),
+            (["v2", "templates", "*", "builds", "*"], "start_build", {"POST"}),
+            (["templates", "*", "builds", "*", "status"], "build_status", {"GET"}),
+            (["templates", "aliases", "*"], "alias", {"GET"}),
+            (["templates"], "templates", {"GET"}),
+            (["v2", "templates"], "templates", {"GET"}),
+        ]
+        for shape, name, methods in table:
+            if len(shape) == len(parts) and all(w == "*" or w == p for w, p in zip(shape, parts, strict=True)):
+                if name == "sandbox" and parts[1] == "aliases":
+                    continue
+                return name, methods
+        return None
+
+    def _sandboxes(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
+        registry = self.server.registry
+        if method == "GET":
+            self._send(200, registry.listing())
+            return
+        template_id = str(body.get("templateID") or "")
+        if not template_id:
+            self._error(400, "templateID is required")
+            return
+        template = registry.template(template_id)
+        if template is None:
+            self._error(400, f"template {template_id} not found")
+            return
+        box = registry.create(body, template)
+        answer: dict[str, Any] = {
+            "templateID": box.template_id,
+            "alias": box.alias,
+            "sandboxID": box.sandbox_id,
+            "clientID": box.client_id,
+            "envdVersion": ENVD_VERSION,
+        }
+        if box.access_token:
+            answer["envdAccessToken"] = box.access_token
+        self._send(201, answer, {"x-agentenv-sandbox-id": box.sandbox_id})
+
+    def _sandbox(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
+        sandbox_id = parts[2]
+        if method == "DELETE":
+            if self.server.registry.kill(sandbox_id):
+                self._send(204)
+            else:
+                self._error(404, f"sandbox {sandbox_id} not found")
+            return
+        box = self.server.registry.get(sandbox_id)
+        if box is None:
+            self._error(404, f"sandbox {sandbox_id} not found")
+        else:
+            self._send(200, box.describe())
+
+    def _request_template(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
+        name = body.get("name")
+        if not name:
+            self._error(400, "template name must be provided")
+            return
+        if not isinstance(name, str) or not ALIAS.fullmatch(name):
+            self._error(
+                400, f"snapshot alias only supports ASCII letters, digits, hyphens, and underscores, got: {name}"
+            )
+            return
+        template = self.server.registry.request_template(name)
+        ident = template.template_id
+        self._send(
+            202, {"templateID": ident, "buildID": ident, "public": True, "names": [name], "tags": [], "aliases": [name]}
+        )
+
+    def _start_build(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
+        template_id, build_id = parts[3], parts[5]
+        if template_id != build_id:
+            self._error(400, "templateID and buildID must match in AgentENV compatibility mode")
+            return
+        template = self.server.registry.template(template_id, ready_only=False)
+        if template is None or template.template_id != template_id:
+            self._error(404, f"template {template_id} not found")
+            return
+        self.server.registry.start_build(template, body)
+        self._send(202)
+
+    def _build_status(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
+        template_id, build_id = parts[2], parts[4]
+        if template_id != build_id:
+            self._error(404, f"build {build_id} not found for template {template_id}")
+            return
+        template = self.server.registry.template(template_id, ready_only=False)
+        if template is None or template.template_id != template_id:
+            self._error(404, f"template {template_id} not found")
+            return
+        status = template.current_status()
+        offset = 0
+        query = self.path.partition("?")[2]
+        for pair in query.split("&"):
+            key, _, value = pair.partition("=")
+            if key == "logsOffset" and value.isdigit():
+                offset = int(value)
+        entries = template.log[offset:]
+        answer: dict[str, Any] = {
+            "templateID": template_id,
+            "buildID": build_id,
+            "status": status,
+            "logs": [e["message"] for e in entries],
+            "logEntries": entries,
+        }
+        if template.reason:
+            answer["reason"] = {"message": template.reason}
+        self._send(200, answer)
+
+    def _alias(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
+        alias = parts[3]
+        if not ALIAS.fullmatch(alias):
+            self._error(
+                400, f"snapshot alias only supports ASCII letters, digits, hyphens, and underscores, got: {alias}"
+            )
+            return
+        template = self.server.registry.template(alias)
+        if template is None:
+            self._error(404, f"template alias not found: {alias}")
+        else:
+            self._send(200, {"templateID": template.template_id, "public": False})
+
+    def _templates(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
+        with self.server.registry.lock:
+            known = {t.template_id: t for t in self.server.registry.templates.values()}
+        listing = [
+            {"templateID": t.template_id, "names": [t.name], "aliases": [t.name], "public": False}
+            for t in known.values()
+            if t.current_status() == "ready"
+        ]
+        self._send(200, listing)
 
     # ---- the data plane --------------------------------------------------------------------------------
 
@@ -302,13 +516,37 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
-    def _process_start(self) -> None:
-        request = read_envelope(self._body())
-        box = self.server.registry.get(self.headers.get("E2b-Sandbox-Id", ""))
-        self._stream_start()
-        if box is None:
-            self._stream_end({"code": "not_found", "message": "sandbox not found"})
+    def _data_plane(self, method: str, path: str, body: bytes) -> None:
+        """A proxied request to a sandbox's envd (proxy.rs + auth.rs): routing headers, then the access token."""
+        sandbox_id = self.headers.get("E2b-Sandbox-Id") or self.headers.get("X-Agentenv-Sandbox-Id") or ""
+        port = self.headers.get("E2b-Sandbox-Port") or self.headers.get("X-Agentenv-Target-Port")
+        if not port:
+            self._error(400, "missing target port routing header")
             return
+        if not port.isdigit():
+            self._error(400, "invalid target port routing header")
+            return
+        box = self.server.registry.get(sandbox_id)
+        if box is None:
+            self._error(404, "sandbox not found")
+            return
+        if box.access_token is not None:
+            token = self.headers.get_all("X-Access-Token") or []
+            if len(token) != 1 or not hmac.compare_digest(token[0].encode(), box.access_token.encode()):
+                self._send(401)
+                return
+        if method == "POST" and path == "/process.Process/Start":
+            try:
+                request = read_envelope(body)
+            except (ValueError, json.JSONDecodeError) as exc:
+                self._error(400, f"bad request: {exc}")
+                return
+            self._process_start(box, request)
+            return
+        self._send(501, {"code": "unimplemented", "message": f"{method} {path} is not in the stand-in"})
+
+    def _process_start(self, box: Sandbox, request: dict[str, Any]) -> None:
+        self._stream_start()
         spec = request.get("process") or {}
         argv = [str(spec.get("cmd") or "/bin/bash"), *[str(a) for a in spec.get("args") or []]]
         cwd = box.directory / str(spec.get("cwd") or "").lstrip("/")
@@ -398,13 +636,11 @@ class StandinServer(ThreadingHTTPServer):
         api_key: str,
         *,
         v1_only: bool = False,
-        ready_after: float = 0.0,
         verbose: bool = False,
     ) -> None:
         self.registry = registry
         self.api_key = api_key
         self.v1_only = v1_only
-        self.ready_at = time.time() + ready_after
         self.verbose = verbose
         super().__init__(address, Handler)
 
@@ -445,9 +681,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--root", default=".sandbox-standin", help="scratch directories live here")
     parser.add_argument("--key-file", help="where the key is kept (default ROOT/secrets/api-key)")
-    parser.add_argument("--templates", default="base", help="comma-separated template names it accepts")
+    parser.add_argument(
+        "--templates",
+        default="",
+        help="comma-separated template names that exist at start, as if made earlier with `aenv pull` "
+        "(default: none, as a freshly started AgentENV)",
+    )
     parser.add_argument("--v1-only", action="store_true", help="answer 405 on POST /v2/sandboxes (pre-PR #306)")
-    parser.add_argument("--ready-after", type=float, default=0.0, help="/health answers 503 for this many seconds")
+    parser.add_argument(
+        "--ready-after",
+        type=float,
+        default=0.0,
+        help="start listening only after this many seconds (AgentENV's first start fetches its runtime first)",
+    )
+    parser.add_argument("--build-seconds", type=float, default=0.0, help="how long a template build takes")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
     if not is_loopback(args.host):
@@ -455,14 +702,18 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(args.root).resolve()
     root.mkdir(parents=True, exist_ok=True)
     key = load_key(Path(args.key_file).resolve() if args.key_file else root / "secrets" / "api-key")
-    registry = Registry(root, {t.strip() for t in args.templates.split(",") if t.strip()})
+    registry = Registry(
+        root, {t.strip() for t in args.templates.split(",") if t.strip()}, build_seconds=args.build_seconds
+    )
+    if args.ready_after > 0:
+        print(f"sandbox_standin: preparing; listening in {args.ready_after:g}s", file=sys.stderr, flush=True)
+        time.sleep(args.ready_after)
     try:
         server = StandinServer(
             (args.host, args.port),
             registry,
             key,
             v1_only=args.v1_only,
-            ready_after=args.ready_after,
             verbose=args.verbose,
         )
     except OSError as exc:

@@ -55,17 +55,51 @@ except Exception as exc:
     report(stage="import", error=type(exc).__name__, message=str(exc))
     sys.exit(0)
 
+def raw_status(path):
+    # AgentENV answers 401 with an empty body, which the SDK fails to parse (JSONDecodeError, no status):
+    # ask the server itself, with a read-only call, what it says to this key.
+    import urllib.error, urllib.request
+    request = urllib.request.Request(os.environ["E2B_API_URL"].rstrip("/") + path,
+                                     headers={"X-API-Key": os.environ["E2B_API_KEY"]})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except Exception:
+        return None
+
 def failure(stage, exc):
-    return dict(stage=stage, error=type(exc).__name__, message=str(exc),
-                status=getattr(exc, "status_code", None), version=version)
+    status = getattr(exc, "status_code", None)
+    text = str(exc)
+    if status is None and text[:3].isdigit():
+        status = int(text[:3])
+    if status is None:
+        status = raw_status("/templates/aliases/" + cfg["template"])
+        if status not in (401, 403):
+            status = None
+    return dict(stage=stage, error=type(exc).__name__, message=text, status=status, version=version)
 
 started = time.monotonic()
+built = False
+if cfg.get("template_image"):
+    # AgentENV starts with no templates; make the one the check uses, as `aenv pull IMAGE --name NAME` does
+    # (and as Miles' tb2_sandbox_e2b.ensure_task_template does for each task): alias_exists, else build.
+    try:
+        from e2b import Template
+        if not Template.alias_exists(cfg["template"]):
+            print(f"building template {cfg['template']} from {cfg['template_image']}", flush=True)
+            Template.build(Template().from_image(cfg["template_image"]), cfg["template"])
+            built = True
+    except Exception as exc:
+        report(**failure("template", exc))
+        sys.exit(0)
 try:
     sandbox = Sandbox.create(template=cfg["template"], timeout=cfg["sandbox_timeout"])
 except Exception as exc:
     report(**failure("create", exc))
     sys.exit(0)
-outcome = dict(stage="done", sandbox_id=sandbox.sandbox_id, version=version)
+outcome = dict(stage="done", sandbox_id=sandbox.sandbox_id, version=version, built=built)
 try:
     try:
         result = sandbox.commands.run(cfg["command"], timeout=cfg["command_timeout"])
@@ -96,7 +130,16 @@ class E2bSpec(SpecModel):
     api_key: str | None = Field(
         None, description="The API key (default: E2B_API_KEY). Never shown; only its digest is recorded."
     )
-    template: str = Field("base", description="The sandbox template to create.")
+    template: str = Field(
+        "base",
+        description="The sandbox template to create. A freshly started AgentENV has none: name one made with "
+        "`aenv pull`, or set `template_image` so the check makes it.",
+    )
+    template_image: str | None = Field(
+        None,
+        description="When the server has no template named `template`, build it from this OCI image first "
+        "(e.g. `ubuntu:22.04`), with the SDK's Template.build, as `aenv pull IMAGE --name TEMPLATE` does.",
+    )
     command: str = Field("echo ok", description="The command to run in the sandbox (under bash -l -c).")
     expect_exit: int = Field(0, description="The exit code the command must end with.")
     expect_output: str | None = Field(
@@ -183,6 +226,7 @@ class E2bStep(StepKind):
             RUNNER_E2B_CHECK=json.dumps(
                 {
                     "template": spec.template,
+                    "template_image": spec.template_image,
                     "sandbox_timeout": spec.sandbox_timeout,
                     "command": spec.command,
                     "command_timeout": command_timeout,
@@ -226,8 +270,8 @@ class E2bStep(StepKind):
                 hint="install it for that interpreter (a pip step with packages: ['e2b<2.51'] or 'e2b'), "
                 "or point `python:` at the environment that has it",
             )
-        if stage == "create":
-            raise _create_error(result, message, api_url, spec.template, version)
+        if stage in ("create", "template"):
+            raise _create_error(result, message, api_url, spec, version)
         if result.get("killed") is False:
             why = _scrub(str(result.get("kill_error")), key)
             ctx.notice(
@@ -276,12 +320,19 @@ class E2bStep(StepKind):
         }
 
 
-def _create_error(result: dict[str, Any], message: str, api_url: str, template: str, version: Any) -> StepError:
+def _create_error(result: dict[str, Any], message: str, api_url: str, spec: E2bSpec, version: Any) -> StepError:
     status = result.get("status")
     error = str(result.get("error") or "")
+    template = spec.template
     if status is None and message[:4].rstrip(":").isdigit():
         status = int(message[:3])
     sdk = f"e2b {version}" if version else "the e2b SDK"
+    if result.get("stage") == "template" and status not in (401, 403):
+        return StepError(
+            f"building template '{template}' from {spec.template_image} at {api_url} with {sdk} failed: "
+            f"{error}: {message}",
+            hint="is the image name right, and can the server pull it? The server's log says more",
+        )
     if status == 401 or error == "AuthenticationException":
         return StepError(
             f"the API key was rejected by {api_url} (401)",
@@ -295,9 +346,13 @@ def _create_error(result: dict[str, Any], message: str, api_url: str, template: 
             f"and {sdk} creates sandboxes there (e2b >= 2.51 does)",
             hint="pin the SDK with `e2b<2.51`, or run a newer AgentENV image",
         )
-    if status == 404 and "template" in message.lower():
+    if status in (400, 404) and "template" in message.lower() and "not found" in message.lower():
+        # AgentENV: 400 "template X not found" (src/api/impls/sandbox.rs); a fresh server has no templates
         return StepError(
-            f"template '{template}' is not known to {api_url}: {message}", hint="set `template:` to one the server has"
+            f"template '{template}' does not exist on {api_url} ({status}: {message.split(': ', 1)[-1]}); "
+            "a freshly started AgentENV has no templates",
+            hint=f"set `template_image:` (e.g. ubuntu:22.04) so the check builds '{template}' first, or make it "
+            f"yourself with `aenv pull ubuntu:22.04 --name {template}`",
         )
     lowered = message.lower()
     if "refused" in lowered or error in ("ConnectError", "ConnectionRefusedError"):
