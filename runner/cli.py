@@ -193,7 +193,7 @@ def dispatch(args: argparse.Namespace) -> int:
         reporter.run_started(pipeline.name, str(args.file), [s.name for s in pipeline.steps], "plan")
         decisions = engine.plan()
         reporter.plan(decisions)
-        return 2 if any(d.action in ("run", "maybe", "pending", "fail") for d in decisions) else EXIT_OK
+        return 2 if any(d.action in ("run", "maybe", "pending", "fail", "block") for d in decisions) else EXIT_OK
     if args.command == "explain":
         engine_check(engine, args.step)
         print(engine.explain(args.step))

@@ -35,7 +35,7 @@ from runner.ui import Reporter
 from steps import faults, kind_class
 from steps.base import Probe, StepContext, StepError, StepKind
 
-Action = Literal["run", "ok", "skip", "maybe", "pending", "fail"]
+Action = Literal["run", "ok", "skip", "maybe", "pending", "fail", "block"]
 Status = Literal["ok", "changed", "failed", "skipped", "blocked", "interrupted", "unselected", "pending"]
 KEPT_RUNS = 20
 ITEM_KEY = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")
@@ -400,6 +400,7 @@ class Engine:
         holder = lock_holder(self.pipeline.state_dir)
         selected = self.selected()
         decisions: dict[str, Decision] = {}
+        failing_roots: dict[str, list[str]] = {}  # a blocked step -> the failing steps it waits on
         for name in self.graph.order():
             step = self.pipeline.step(name)
             self._adopt_record(name)
@@ -407,6 +408,18 @@ class Engine:
                 d for d in self.graph.deps[name] if decisions.get(d) and decisions[d].action in ("run", "maybe", "fail")
             ]
             failing_up = [d for d in pending_up if decisions[d].action == "fail"]
+            # As apply does: a step waits on everything before it in the graph (data and order edges), and one
+            # whose wait ends in a failure is blocked, not run.
+            blocked_by = [
+                d for d in self.graph.after[name] if decisions.get(d) and decisions[d].action in ("fail", "block")
+            ]
+            if name in selected and blocked_by:
+                roots = list(dict.fromkeys(r for d in blocked_by for r in failing_roots.get(d, [d])))
+                failing_roots[name] = roots
+                via = [d for d in blocked_by if d not in roots]
+                reason = f"blocked: {', '.join(roots)} would fail" + (f" (via {', '.join(via)})" if via else "")
+                decisions[name] = Decision(name, "block", reason)
+                continue
             if name not in selected:
                 if step.kind == "env":
                     with contextlib.suppress(InputError):

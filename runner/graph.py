@@ -5,6 +5,11 @@ Two kinds of edge:
   output digests go into the fingerprint, so a changed upstream re-runs its dependents.
 - order edges (``after``): a step without `needs` comes after the steps before it in the file, as in a
   script. These only order; they do not re-run anything.
+
+An env step takes no order edges: it waits only for what its values reference and its `needs` (and earlier
+env steps). Every later step depends on it, so an env step that waited on the steps before it in the file
+would queue the whole rest of the pipeline behind them (the flagship's E2B settings behind the AgentENV
+container's first start).
 """
 
 from __future__ import annotations
@@ -72,7 +77,7 @@ def build_graph(pipeline: Pipeline) -> Graph:
     for step in pipeline.steps:
         data = list(dict.fromkeys([*step.common.needs, *sorted(step.refs), *env_steps]))
         deps[step.name] = data
-        if step.declares_needs:
+        if step.declares_needs or step.kind == "env":
             order = data
         else:
             order = list(dict.fromkeys([*data, *frontier]))

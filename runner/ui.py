@@ -122,16 +122,20 @@ class Reporter:
             "maybe": "~ maybe",
             "pending": "! hold ",
             "fail": "x fail ",
+            "block": "- block",
         }
         for d in decisions:
             self._print(f"{symbols[d.action]} {d.name:<{self.width}} {d.reason}")
-        pending = sum(1 for d in decisions if d.action in ("run", "maybe", "fail"))
+        pending = sum(1 for d in decisions if d.action in ("run", "maybe"))
         held = sum(1 for d in decisions if d.action == "pending")
         failing = [d.name for d in decisions if d.action == "fail"]
-        if pending or held:
-            text = f"plan: {pending} step(s) to run, {len(decisions) - pending - held} unchanged"
+        blocked = [d.name for d in decisions if d.action == "block"]
+        if pending or held or failing:
+            unchanged = len(decisions) - pending - held - len(failing) - len(blocked)
+            text = f"plan: {pending} step(s) to run, {unchanged} unchanged"
             text += f", {held} restart(s) pending (--force)" if held else ""
-            self._print(text + (f"; would fail now: {', '.join(failing)}" if failing else ""))
+            text += f"; would fail now: {', '.join(failing)}" if failing else ""
+            self._print(text + (f"; blocked by them: {', '.join(blocked)}" if blocked else ""))
         else:
             self._print("plan: nothing to do")
 
@@ -193,7 +197,7 @@ class JsonReporter(Reporter):
     def plan(self, decisions: list[Decision]) -> None:
         for d in decisions:
             self._emit("planned", step=d.name, action=d.action, reason=d.reason, changes=list(d.changes))
-        actions = ("run", "maybe", "fail", "pending", "ok", "skip")
+        actions = ("run", "maybe", "fail", "block", "pending", "ok", "skip")
         counts = {a: sum(1 for d in decisions if d.action == a) for a in actions}
         self._emit("plan_finished", actions=counts)
 
