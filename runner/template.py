@@ -44,6 +44,17 @@ def _bool(value: Any) -> bool:
     return bool(value)
 
 
+def _ip_address(value: Any) -> bool:
+    """`x is ip_address`: a literal IPv4 or IPv6 address (not a host name): sslip.io domains need one."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(str(value).strip())
+    except ValueError:
+        return False
+    return True
+
+
 class Outputs(dict[str, Any]):
     """A step's outputs in the template context; knows its step's name for error messages."""
 
@@ -106,6 +117,7 @@ def environment() -> SandboxedEnvironment:
     env.globals["range"] = _range
     env.filters["quote"] = _quote
     env.filters["bool"] = _bool
+    env.tests["ip_address"] = _ip_address
     for name, function in list(env.filters.items()):
         env.filters[name] = _checked(function)
     return env

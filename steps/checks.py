@@ -11,8 +11,8 @@ Example::
 
 Every check given in one step must hold: ``path`` exists, ``command`` exits 0, the running ``kernel`` is at
 least that version, ``file`` contains ``contains``, each variable in ``env`` is set and not empty, each
-``program`` is on PATH, and ``that`` (usually a template such as ``"{{ vars.n | int > 0 }}"``) renders true.
-Checks run on every apply.
+``program`` is on PATH, each kernel parameter in ``sysctl`` is at least the number given, and ``that``
+(usually a template such as ``"{{ vars.n | int > 0 }}"``) renders true. Checks run on every apply.
 """
 
 from __future__ import annotations
@@ -52,6 +52,11 @@ class AssertSpec(SpecModel):
     program: str | list[str] | None = Field(
         None, description="Programs that must be on PATH (looked up, not run: cheap on every apply)."
     )
+    sysctl: dict[str, int] | None = Field(
+        None,
+        description="Kernel parameters and the lowest value accepted, read from /proc/sys "
+        "(e.g. `{kernel.pid_max: 4194304}`): a read, so `plan` shows a failing one.",
+    )
     that: str | bool | None = Field(None, description="A condition (usually a template) that must be true.")
     message: str | None = Field(None, description="The message shown when a check fails: say how to fix it.")
 
@@ -64,12 +69,29 @@ class AssertSpec(SpecModel):
 
     @model_validator(mode="after")
     def _some_check(self) -> AssertSpec:
-        checks = [self.path, self.command, self.kernel, self.file, self.env, self.program, self.that]
+        checks = [self.path, self.command, self.kernel, self.file, self.env, self.program, self.sysctl, self.that]
         if all(c is None for c in checks):
-            raise ValueError("give at least one check: path, command, kernel, file, env, program or that")
+            raise ValueError("give at least one check: path, command, kernel, file, env, program, sysctl or that")
+        for key in self.sysctl or {}:
+            if not re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_-]+)+", key):
+                raise ValueError(f"sysctl: {key!r} is not a kernel parameter name like kernel.pid_max")
         if (self.file is None) != (self.contains is None):
             raise ValueError("`file` and `contains` go together")
         return self
+
+
+def _sysctl_failure(key: str, lowest: int) -> list[str]:
+    path = "/proc/sys/" + key.replace(".", "/")
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            text = fh.read().split()
+    except OSError:
+        return [f"{key} is not available here ({path} is missing: is its kernel module loaded?)"]
+    try:
+        value = int(text[0])
+    except (IndexError, ValueError):
+        return [f"{key} is {' '.join(text)!r}, not a number"]
+    return [f"{key} is {value}, below {lowest}"] if value < lowest else []
 
 
 class AssertStep(StepKind):
@@ -114,6 +136,8 @@ class AssertStep(StepKind):
             for program in [spec.program] if isinstance(spec.program, str) else spec.program:
                 if shutil.which(program, path=ctx.env.get("PATH")) is None:
                     failures.append(f"{program} is not on PATH")
+        for key, lowest in (spec.sysctl or {}).items():
+            failures.extend(_sysctl_failure(key, lowest))
         if spec.that is not None:
             word = str(spec.that).strip().lower()
             if word in FALSE_WORDS:
