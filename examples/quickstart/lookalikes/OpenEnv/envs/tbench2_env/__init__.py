@@ -2,7 +2,11 @@
 
 The real package serves tasks to an agent over OpenEnv's HTTP API; this one keeps what the quickstart's
 rollout needs: load a task, and build the script that prepares the workspace, runs an attempt and runs the
-task's tests, with the tests withheld from the attempt (TB2_WITHHOLD_TESTS).
+task's tests, with the tests withheld from the attempt (TB2_WITHHOLD_TESTS, in server/tbench2_env_environment.py,
+the one file Miles' launcher reads to check for it).
+
+As upstream's pyproject lays it out (package-dir: tbench2_env = ".", tbench2_env.server = "server"), this
+directory is the package itself.
 """
 
 from __future__ import annotations
@@ -12,9 +16,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-# Since OpenEnv 04d259ea6 the tests are withheld from the agent's workspace until evaluation; Miles' launcher
-# checks that the installed source knows this switch.
-TB2_WITHHOLD_TESTS = os.environ.get("TB2_WITHHOLD_TESTS", "1") != "0"
+from tbench2_env.server.tbench2_env_environment import TB2_WITHHOLD_TESTS
+
 REWARD_MARK = "TB2_REWARD="
 
 

@@ -1,0 +1,1 @@
+"""The env server side of tbench2_env (look-alike: only the switch Miles checks)."""
