@@ -327,6 +327,16 @@ def _create_error(result: dict[str, Any], message: str, api_url: str, spec: E2bS
     if status is None and message[:4].rstrip(":").isdigit():
         status = int(message[:3])
     sdk = f"e2b {version}" if version else "the e2b SDK"
+    lowered = message.lower()
+    if "refused" in lowered or error in ("ConnectError", "ConnectionRefusedError"):
+        return StepError(
+            f"connection refused at {api_url}: the server at that URL is not up",
+            hint="start it (is the container running? `docker ps`), or fix E2B_API_URL / `api_url:`",
+        )
+    if error in ("ConnectTimeout", "ReadTimeout", "TimeoutException") or "timed out" in lowered:
+        return StepError(
+            f"{api_url} did not answer in time: {message}", hint="is the host reachable, and the port published?"
+        )
     if result.get("stage") == "template" and status not in (401, 403):
         return StepError(
             f"building template '{template}' from {spec.template_image} at {api_url} with {sdk} failed: "
@@ -353,16 +363,6 @@ def _create_error(result: dict[str, Any], message: str, api_url: str, spec: E2bS
             "a freshly started AgentENV has no templates",
             hint=f"set `template_image:` (e.g. ubuntu:22.04) so the check builds '{template}' first, or make it "
             f"yourself with `aenv pull ubuntu:22.04 --name {template}`",
-        )
-    lowered = message.lower()
-    if "refused" in lowered or error in ("ConnectError", "ConnectionRefusedError"):
-        return StepError(
-            f"connection refused at {api_url}: the server at that URL is not up",
-            hint="start it (is the container running? `docker ps`), or fix E2B_API_URL / `api_url:`",
-        )
-    if error in ("ConnectTimeout", "ReadTimeout", "TimeoutException") or "timed out" in lowered:
-        return StepError(
-            f"{api_url} did not answer in time: {message}", hint="is the host reachable, and the port published?"
         )
     return StepError(f"creating a sandbox at {api_url} with {sdk} failed: {error}: {message}")
 

@@ -18,7 +18,10 @@ from standin import standin
 KEY = "e2b_" + "5ec7e7" * 7
 
 
-def check_pipeline(url: str, key: str, python: str | None = None, extra: str = "") -> str:
+def check_pipeline(
+    url: str, key: str, python: str | None = None, extra: str = "", template: str = "runner-check"
+) -> str:
+    """A check that builds its template first (a fresh AgentENV has none), as the flagship's sandbox_check."""
     python_line = f"\n              python: {python}" if python else ""
     return f"""
         name: check
@@ -32,7 +35,8 @@ def check_pipeline(url: str, key: str, python: str | None = None, extra: str = "
               E2B_API_KEY: "{{{{ vars.key }}}}"
           - name: check
             e2b:
-              template: base{python_line}{extra}
+              template: {template}
+              template_image: ubuntu:22.04{python_line}{extra}
         """
 
 
@@ -75,6 +79,9 @@ def test_check_passes_through_v2_then_converges_without_calling(project: Project
         first = project.run("apply")
         assert first.code == 0, first.text
         log = next(tmp_path.glob("standin-*.log")).read_text()
+        # the template is made first, as `aenv pull` does: alias lookup (404), v3 request, v2 build, status
+        assert "GET /templates/aliases/runner-check" in log and "POST /v3/templates" in log
+        assert log.index("POST /v3/templates") < log.index("POST /v2/sandboxes")
         assert "POST /v2/sandboxes" in log and "POST /process.Process/Start" in log
         assert "DELETE /sandboxes/" in log  # always killed
         state = json.loads((project.path / ".runner" / "state.json").read_text())
@@ -86,6 +93,11 @@ def test_check_passes_through_v2_then_converges_without_calling(project: Project
         second = project.run("apply")
         assert second.code == 0 and "changed=0" in second.out, second.text
         assert next(tmp_path.glob("standin-*.log")).read_text().count("POST /v2/sandboxes") == calls
+
+        # forced again: the template now exists, so it is not built a second time
+        third = project.run("apply", "--force", "check")
+        assert third.code == 0, third.text
+        assert next(tmp_path.glob("standin-*.log")).read_text().count("POST /v3/templates") == 1
         no_key_anywhere(project, KEY, first.text, second.text)
 
 
@@ -96,6 +108,8 @@ def test_old_sdk_creates_through_post_sandboxes(project: Project, tmp_path: Path
         assert result.code == 0, result.text
         log = next(tmp_path.glob("standin-*.log")).read_text()
         assert '"POST /sandboxes HTTP/1.1" 201' in log and "/v2/sandboxes" not in log
+        # e2b < 2.51 asks for `secure: true`, so its envd calls must carry the sandbox's access token
+        assert '"POST /process.Process/Start HTTP/1.1" 200' in log
         state = json.loads((project.path / ".runner" / "state.json").read_text())
         assert state["steps"]["check"]["outputs"]["sdk_version"].startswith("2.5")  # 2.50.x or older 2.5x
 
@@ -140,12 +154,37 @@ def test_failing_command_fails_the_check_and_still_kills_the_sandbox(project: Pr
     assert "DELETE /sandboxes/" in log
 
 
-def test_unknown_template_and_missing_settings(project: Project, tmp_path: Path) -> None:
+def test_unknown_template_names_it_and_how_to_make_it(project: Project, tmp_path: Path) -> None:
+    # no template_image: a fresh AgentENV has no templates, so it answers 400 "template gpu-box not found"
     with standin(tmp_path, KEY) as url:
-        project.write(check_pipeline(url, KEY).replace("template: base", "template: gpu-box"))
+        project.write(check_pipeline(url, KEY, template="gpu-box").replace("template_image: ubuntu:22.04", ""))
         result = project.run("apply")
-    assert result.code == 1 and "template 'gpu-box' is not known" in result.out
+    assert result.code == 1, result.text
+    assert f"template 'gpu-box' does not exist on {url} (400: template gpu-box not found)" in result.out
+    assert "template_image:" in result.out and "aenv pull ubuntu:22.04 --name gpu-box" in result.out
+    assert "Traceback" not in result.text
 
+
+def test_a_preset_template_needs_no_build(project: Project, tmp_path: Path) -> None:
+    with standin(tmp_path, KEY, "--verbose", "--templates", "base") as url:
+        project.write(check_pipeline(url, KEY, template="base").replace("template_image: ubuntu:22.04", ""))
+        result = project.run("apply")
+        log = next(tmp_path.glob("standin-*.log")).read_text()
+    assert result.code == 0, result.text
+    assert "/v3/templates" not in log and "POST /v2/sandboxes" in log
+
+
+def test_a_build_the_server_cannot_do_is_a_named_template_failure(project: Project, tmp_path: Path) -> None:
+    # an invalid alias is refused by AgentENV's snapshot alias rules (400), and the step says which stage failed
+    with standin(tmp_path, KEY) as url:
+        project.write(check_pipeline(url, KEY, template="bad.name"))
+        result = project.run("apply")
+    assert result.code == 1
+    assert "building template 'bad.name' from ubuntu:22.04" in result.out
+    assert "Traceback" not in result.text
+
+
+def test_missing_settings(project: Project) -> None:
     project.write(
         """
         name: nosettings

@@ -1,0 +1,194 @@
+"""The stand-in answers as AgentENV does, path by path (each behaviour is cited in docs/upstream.md).
+
+Raw HTTP, no SDK: these pin the server's answers themselves, so that a test passing through the e2b SDK
+against the stand-in says something about a real AgentENV.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from standin import standin
+
+KEY = "e2b_" + "a1b2c3" * 7
+
+
+class Answer:
+    def __init__(self, status: int, headers: dict[str, str], body: bytes) -> None:
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+def call(
+    url: str, method: str, path: str, body: Any = None, key: str | None = KEY, headers: dict[str, str] | None = None
+) -> Answer:
+    where = urlsplit(url)
+    connection = http.client.HTTPConnection(where.hostname or "127.0.0.1", where.port, timeout=10)
+    sent = {"Content-Type": "application/json", **(headers or {})}
+    if key is not None:
+        sent["X-API-Key"] = key
+    payload = json.dumps(body).encode() if body is not None else None
+    connection.request(method, path, body=payload, headers=sent)
+    response = connection.getresponse()
+    answer = Answer(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+    connection.close()
+    return answer
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with standin(tmp_path_factory.mktemp("standin"), KEY) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def old_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with standin(tmp_path_factory.mktemp("standin-v1"), KEY, "--v1-only") as url:
+        yield url
+
+
+def build(url: str, name: str, image: str = "ubuntu:22.04") -> str:
+    """What `aenv pull IMAGE --name NAME` does (crates/aenv/src/commands/pull.rs): request, start, poll."""
+    requested = call(url, "POST", "/v3/templates", {"name": name})
+    assert requested.status == 202, requested.body
+    ident = requested.json()["templateID"]
+    assert requested.json()["buildID"] == ident  # AgentENV compatibility mode: one id for both
+    started = call(url, "POST", f"/v2/templates/{ident}/builds/{ident}", {"fromImage": image})
+    assert started.status == 202, started.body
+    for _ in range(100):
+        status = call(url, "GET", f"/templates/{ident}/builds/{ident}/status").json()["status"]
+        if status == "ready":
+            return ident
+        time.sleep(0.05)
+    raise AssertionError(f"the build of {name} did not finish")
+
+
+def test_health_is_204_without_a_key(server: str) -> None:
+    answer = call(server, "GET", "/health", key=None)
+    assert answer.status == 204 and answer.body == b""
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"X-API-Key": "e2b_wrong"}],
+    ids=["no-key", "wrong-key"],
+)
+def test_every_other_path_needs_the_key_and_a_401_has_an_empty_body(server: str, headers: dict[str, str]) -> None:
+    # auth.rs checks the key before routing: an unknown path without a key is a 401 too, not a 404
+    for method, path in [("GET", "/sandboxes"), ("POST", "/v2/sandboxes"), ("GET", "/no/such/route")]:
+        answer = call(server, method, path, {} if method == "POST" else None, key=None, headers=headers)
+        assert answer.status == 401 and answer.body == b"", (method, path, answer.status)
+
+
+def test_a_doubled_key_header_is_refused(server: str) -> None:
+    # single_header(): exactly one X-API-Key; http.client sends both values when given a list via putheader
+    where = urlsplit(server)
+    connection = http.client.HTTPConnection(where.hostname or "", where.port, timeout=10)
+    connection.putrequest("GET", "/sandboxes")
+    connection.putheader("X-API-Key", KEY)
+    connection.putheader("X-API-Key", KEY)
+    connection.endheaders()
+    assert connection.getresponse().status == 401
+    connection.close()
+
+
+def test_a_fresh_server_has_no_templates_and_refuses_an_unknown_one(server: str) -> None:
+    assert call(server, "GET", "/templates").json() == []
+    missing = call(server, "POST", "/v2/sandboxes", {"templateID": "base"})
+    assert missing.status == 400 and missing.json()["message"] == "template base not found"
+    alias = call(server, "GET", "/templates/aliases/base")
+    assert alias.status == 404 and alias.json()["message"] == "template alias not found: base"
+
+
+def test_an_unknown_route_is_a_404_naming_it(server: str) -> None:
+    answer = call(server, "GET", "/v9/nothing")
+    assert answer.status == 404 and answer.json()["message"] == "route not found: GET /v9/nothing"
+
+
+def test_a_template_is_made_as_aenv_pull_makes_it_then_sandboxes_start_from_it(server: str) -> None:
+    assert call(server, "POST", "/v3/templates", {}).json()["message"] == "template name must be provided"
+    bad = call(server, "POST", "/v3/templates", {"name": "no.dots"})
+    assert bad.status == 400 and "ASCII letters, digits, hyphens, and underscores" in bad.json()["message"]
+
+    requested = call(server, "POST", "/v3/templates", {"name": "pulled"}).json()
+    ident = requested["templateID"]
+    # until its build is ready, the name does not resolve
+    assert call(server, "GET", "/templates/aliases/pulled").status == 404
+    mismatch = call(server, "POST", f"/v2/templates/{ident}/builds/other", {"fromImage": "ubuntu:22.04"})
+    assert mismatch.status == 400
+    assert mismatch.json()["message"] == "templateID and buildID must match in AgentENV compatibility mode"
+    assert call(server, "GET", f"/templates/{ident}/builds/other/status").status == 404
+
+    build(server, "made", "ubuntu:22.04")
+    alias = call(server, "GET", "/templates/aliases/made")
+    assert alias.status == 200 and alias.json()["templateID"]
+    assert "made" in [t["aliases"][0] for t in call(server, "GET", "/templates").json()]
+
+    created = call(server, "POST", "/v2/sandboxes", {"templateID": "made", "timeout": 60})
+    assert created.status == 201, created.body
+    sandbox_id = created.json()["sandboxID"]
+    assert "envdAccessToken" not in created.json()  # no `secure` asked for (e2b >= 2.51 sends none)
+    listed = [box["sandboxID"] for box in call(server, "GET", "/v2/sandboxes").json()]
+    assert sandbox_id in listed
+    assert call(server, "DELETE", f"/sandboxes/{sandbox_id}").status == 204
+    gone = call(server, "DELETE", f"/sandboxes/{sandbox_id}")
+    assert gone.status == 404 and gone.json()["message"] == f"sandbox {sandbox_id} not found"
+
+
+def test_a_build_with_steps_is_an_error_status_not_a_silent_success(server: str) -> None:
+    ident = call(server, "POST", "/v3/templates", {"name": "layered"}).json()["templateID"]
+    steps = [{"type": "RUN", "args": ["apt-get install -y git"]}]
+    call(server, "POST", f"/v2/templates/{ident}/builds/{ident}", {"fromImage": "ubuntu:22.04", "steps": steps})
+    status = call(server, "GET", f"/templates/{ident}/builds/{ident}/status").json()
+    assert status["status"] == "error" and "cannot run template build steps (RUN)" in status["reason"]["message"]
+    assert call(server, "POST", "/v2/sandboxes", {"templateID": "layered"}).status == 400
+
+
+def test_before_pr_306_v2_sandboxes_is_get_only(old_server: str) -> None:
+    build(old_server, "old")
+    post = call(old_server, "POST", "/v2/sandboxes", {"templateID": "old"})
+    assert post.status == 405 and post.body == b"" and "GET" in post.headers["allow"]
+    assert call(old_server, "GET", "/v2/sandboxes").status == 200
+    assert call(old_server, "POST", "/sandboxes", {"templateID": "old"}).status == 201
+
+
+def test_the_data_plane_routes_by_header_and_a_secure_sandbox_needs_its_token(server: str, tmp_path: Path) -> None:
+    build(server, "secure-box")
+    created = call(server, "POST", "/sandboxes", {"templateID": "secure-box", "secure": True}).json()
+    sandbox_id, token = created["sandboxID"], created["envdAccessToken"]
+    route = {"E2b-Sandbox-Id": sandbox_id}
+    no_port = call(server, "POST", "/process.Process/Start", {}, key=None, headers=route)
+    assert no_port.status == 400 and no_port.json()["message"] == "missing target port routing header"
+    routed = {**route, "E2b-Sandbox-Port": "49983"}
+    assert call(server, "POST", "/process.Process/Start", {}, key=None, headers=routed).status == 401
+    unknown = {"E2b-Sandbox-Id": "nope", "E2b-Sandbox-Port": "49983"}
+    missing = call(server, "POST", "/process.Process/Start", {}, key=None, headers=unknown)
+    assert missing.status == 404 and missing.json()["message"] == "sandbox not found"
+
+    # with the token, the Connect stream runs the command
+    request = json.dumps({"process": {"cmd": "/bin/sh", "args": ["-c", "echo hi"]}}).encode()
+    envelope = b"\x00" + len(request).to_bytes(4, "big") + request
+    where = urlsplit(server)
+    connection = http.client.HTTPConnection(where.hostname or "", where.port, timeout=10)
+    connection.request(
+        "POST",
+        "/process.Process/Start",
+        body=envelope,
+        headers={**routed, "X-Access-Token": token, "Content-Type": "application/connect+json"},
+    )
+    response = connection.getresponse()
+    data = response.read()
+    connection.close()
+    assert response.status == 200 and b"aGkK" in data  # "hi\n", base64 in a data event
+    assert call(server, "DELETE", f"/sandboxes/{sandbox_id}").status == 204
