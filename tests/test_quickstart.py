@@ -52,7 +52,7 @@ def test_quickstart_applies_converges_and_resumes_after_a_failed_rollout(quickst
     assert first.code == 0, first.text
     rewards = {r["task_id"]: r["reward"] for r in map(json.loads, results.read_text().splitlines())}
     assert rewards == {"count-words": 1.0, "hello-world": 1.0, "make-executable": 1.0, "sort-numbers": 0.0}
-    data = (quickstart.path / ".work" / "data" / "tbench2_train.jsonl").read_text().splitlines()
+    data = (quickstart.path / ".work" / "tbench2_train.jsonl").read_text().splitlines()
     assert [json.loads(row)["metadata"]["task_id"] for row in data] == sorted(rewards)
     # the clones are real clones of the shipped bundles, and the install is an editable one in the venv
     head = subprocess.run(
