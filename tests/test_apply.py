@@ -432,3 +432,44 @@ def test_schema_is_json_schema_of_every_kind(project: Project) -> None:
     assert {"run", "env", "assert", "docker", "git", "pip", "launch", "wait", "capture", "secret"} <= set(KINDS)
     run_step = schema["properties"]["steps"]["items"]["oneOf"][0]
     assert "creates" in run_step["properties"]["run"]["properties"]
+
+
+def test_an_env_step_waits_only_for_what_it_references(project: Project) -> None:
+    """An env step is not a barrier: it orders after what its values reference and its needs, not after every
+    step above it; so a failing prerequisite above it blocks only what depends on that prerequisite. A step
+    still sees (so waits for) the exports of every env step above it."""
+    project.write(
+        """
+        steps:
+          - name: broken
+            assert: {path: /no/such/device, message: "no device"}
+          - name: key
+            needs: []
+            run: {command: "echo key.txt"}
+          - name: settings
+            env: {KEY_FILE: "{{ steps.key.stdout }}", MODE: fast}
+          - name: uses
+            needs: []
+            run: {command: "echo $MODE $KEY_FILE > used.txt"}
+          - name: device_env
+            env: {DEVICE: /no/such/device}
+            needs: [broken]
+          - name: late
+            needs: []
+            run: {command: "echo $DEVICE > late.txt"}
+        """
+    )
+    plan = project.run("plan")
+    lines = {line.split()[2]: line for line in plan.out.splitlines() if line[:1] in "+~x-"}
+    assert lines["broken"].startswith("x fail")
+    assert lines["settings"].startswith("~ maybe") and "after key" in lines["settings"]
+    assert lines["uses"].startswith(("+ run", "~ maybe")) and "broken" not in lines["uses"], lines["uses"]
+    assert lines["device_env"].startswith("- block") and "broken would fail" in lines["device_env"]
+    assert lines["late"].startswith("- block") and "(via device_env)" in lines["late"]
+    applied = project.run("apply", "-j", "2", "--keep-going")
+    assert applied.code == 1
+    statuses = {p[1]: p[0] for p in (line.split() for line in applied.out.splitlines()) if len(p) > 1}
+    assert statuses["broken"] == "FAILED" and statuses["device_env"] == "blocked" and statuses["late"] == "blocked"
+    assert statuses["settings"] == "changed" and statuses["uses"] == "changed"
+    assert (project.path / "used.txt").read_text().split() == ["fast", "key.txt"]
+    assert not (project.path / "late.txt").exists()

@@ -80,3 +80,51 @@ def test_check_sees_exported_env(project: Project) -> None:
         """
     )
     assert project.run("apply").code == 0
+
+
+def test_sysctl_minimums_are_read_from_proc_sys_and_shown_by_plan(project: Project) -> None:
+    pid_max = int(open("/proc/sys/kernel/pid_max").read())
+    project.write(
+        f"""
+        steps:
+          - name: enough
+            assert:
+              sysctl: {{kernel.pid_max: {pid_max}}}
+          - name: too_low
+            needs: []
+            assert:
+              sysctl: {{kernel.pid_max: {pid_max + 1}, net.no_such.param: 1}}
+              message: run AgentENV's scripts/docker-setup.sh
+        """
+    )
+    plan = project.run("plan")
+    assert plan.code == 2
+    line = next(x for x in plan.out.splitlines() if "too_low" in x)
+    assert line.startswith("x fail")
+    assert f"kernel.pid_max is {pid_max}, below {pid_max + 1}" in line
+    assert "net.no_such.param is not available here (/proc/sys/net/no_such/param is missing" in line
+    applied = project.run("apply", "--keep-going")
+    assert applied.code == 1 and f"kernel.pid_max is {pid_max}, below {pid_max + 1}" in applied.out
+    assert "ok       enough" in applied.out
+
+    project.write("steps:\n  - name: bad\n    assert: {sysctl: {'PID MAX': 3}}\n")
+    refused = project.run("validate")
+    assert refused.code == 2 and "pipeline.yaml:3" in refused.err and "is not a kernel parameter name" in refused.err
+
+
+def test_ip_address_test_refuses_host_names(project: Project) -> None:
+    project.write(
+        """
+        vars: {server: "10.0.0.5"}
+        steps:
+          - name: address
+            assert:
+              that: "{{ vars.server is ip_address }}"
+              message: "server must be an IP address ('{{ vars.server }}')"
+        """
+    )
+    assert project.run("plan").out.startswith("+ run")
+    for given in ("aenv.internal", "10.0.0", ""):
+        line = project.run("plan", "--var", f"server={given}").out.splitlines()[0]
+        assert line.startswith("x fail") and f"server must be an IP address ('{given}')" in line, line
+    assert project.run("plan", "--var", "server=::1").out.startswith("+ run")

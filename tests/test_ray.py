@@ -190,3 +190,38 @@ def test_the_multinode_example_loads() -> None:
     project = Project(root / "examples" / "multinode")
     result = project.run("validate")
     assert result.code == 0, result.text
+
+
+def test_the_multinode_launcher_runs_on_the_head_as_upstream_runs_it() -> None:
+    """Upstream's multi-node scripts (glm52_tbench2/launch_16node_slurm.sh) start the launcher on the Ray head
+    with MILES_SCRIPT_EXTERNAL_RAY=1, MASTER_ADDR and --num-nodes: it is not a Ray Jobs entrypoint."""
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    steps = {
+        s["name"]: s for s in yaml.safe_load((root / "examples" / "multinode" / "pipeline.yaml").read_text())["steps"]
+    }
+    train = steps["train"]
+    assert "launch" in train and "ray_job" not in train
+    command, env = train["launch"]["command"], train["launch"]["env"]
+    for option in ("--prompt-data", "--num-nodes", "--num-gpus-per-node"):
+        assert option in command, option
+    assert not any("_" in part for part in command if part.startswith("--"))  # typer options have dashes
+    assert env["MILES_SCRIPT_EXTERNAL_RAY"] == "1" and env["MASTER_ADDR"] == "{{ vars.ray_head }}"
+    assert env["OPENENV_SANDBOX_BACKEND"] == "agentenv" and "E2B_API_KEY_FILE" in env
+    assert "E2B_API_KEY" not in env  # only the file's path reaches the job
+    assert "ray_jobs_api" in train["needs"]
+
+
+def test_the_multinode_header_logs_command_parses(tmp_path: Path) -> None:
+    """The header's `runner logs train --follow --file examples/multinode/pipeline.yaml` (it was `-f -f`: exit 2)."""
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    header = (root / "examples" / "multinode" / "pipeline.yaml").read_text()
+    line = next(x for x in header.splitlines() if x.startswith("#   runner logs "))
+    argv = line.lstrip("# ").split("#")[0].split()[1:]
+    (tmp_path / "examples" / "multinode").mkdir(parents=True)
+    shutil.copy(root / "examples" / "multinode" / "pipeline.yaml", tmp_path / "examples" / "multinode")
+    result = Project(tmp_path).run(*argv)
+    assert result.code == 1 and "train: no log yet" in result.text, result.text  # parsed; nothing launched yet
