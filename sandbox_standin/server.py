@@ -14,9 +14,11 @@ or the e2b SDK (2.45-2.63) where the pipeline and the SDK touch it:
   route ``/v2/sandboxes`` for GET only, so POST gets axum's 405 (empty body, ``Allow: GET,HEAD``).
 - ``GET /sandboxes`` and ``GET /v2/sandboxes`` list the running ones; ``DELETE /sandboxes/{id}`` -> 204, unknown
   -> 404 "sandbox X not found"; any other path -> 404 "route not found: METHOD PATH".
-- The data plane: a request with ``E2b-Sandbox-Id`` (or ``X-Agentenv-Sandbox-Id``) and ``E2b-Sandbox-Port`` is a
-  proxy request; the sandbox must exist (else 404) and, when it was created with ``secure: true`` (e2b < 2.51
-  sends that; newer SDKs do not), carry its ``X-Access-Token``. ``POST /process.Process/Start`` is a Connect
+- The data plane: a request with ``E2b-Sandbox-Id`` (or ``X-Agentenv-Sandbox-Id``) on a path that is not a
+  control-plane route is a proxy request. A route that does not parse (no port, an id that is not a UUID) passes
+  only with the API key and then gets 400 naming the header; else 401. A parsed route to an unknown sandbox is
+  404 "sandbox not found"; the envd port (49983) of a sandbox created with ``secure: true`` (e2b < 2.51 sends
+  that; newer SDKs do not) needs its ``X-Access-Token``. ``POST /process.Process/Start`` is a Connect
   server-streaming call, JSON codec: the command runs in the sandbox's scratch directory and its output
   streams back as start/data/end events.
 
@@ -51,6 +53,7 @@ from pathlib import Path
 from typing import Any
 
 ENVD_VERSION = "0.2.0"
+ENVD_PORT = 49983  # the control-plane port inside the VM (AgentENV src/cfg.rs; the SDK's default too)
 MAX_BODY = 16 * 1024 * 1024
 NOT_A_SANDBOX = (
     "sandbox_standin: this is NOT a sandbox. Commands run as ordinary processes of user {user} on this host, "
@@ -517,18 +520,35 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _data_plane(self, method: str, path: str, body: bytes) -> None:
-        """A proxied request to a sandbox's envd (proxy.rs + auth.rs): routing headers, then the access token."""
-        sandbox_id = self.headers.get("E2b-Sandbox-Id") or self.headers.get("X-Agentenv-Sandbox-Id") or ""
-        port = self.headers.get("E2b-Sandbox-Port") or self.headers.get("X-Agentenv-Target-Port")
-        if not port:
-            self._error(400, "missing target port routing header")
+        """A proxied request to a sandbox's envd, authorised as require_auth does (auth.rs), routed as proxy.rs.
+
+        A route that does not parse (no or a bad sandbox id, no or a bad port) passes only with the API key, and
+        then gets the proxy's 400; a parsed route to an unknown sandbox is 404 "sandbox not found"; the envd
+        port of a sandbox created with ``secure: true`` needs its ``X-Access-Token``.
+        """
+        raw_id = self.headers.get("X-Agentenv-Sandbox-Id") or self.headers.get("E2b-Sandbox-Id")
+        raw_port = self.headers.get("X-Agentenv-Target-Port") or self.headers.get("E2b-Sandbox-Port")
+        problem = None
+        if not raw_id:
+            problem = "missing sandbox routing header"
+        elif not _is_uuid(raw_id):
+            problem = "invalid sandbox routing header"
+        elif not raw_port:
+            problem = "missing target port routing header"
+        elif not raw_port.isdigit() or int(raw_port) > 65535:
+            problem = "invalid target port routing header"
+        if problem is not None:
+            if not self._authorized():
+                self._send(401)
+            else:
+                self._error(400, problem)
             return
-        if not port.isdigit():
-            self._error(400, "invalid target port routing header")
-            return
-        box = self.server.registry.get(sandbox_id)
+        box = self.server.registry.get(str(raw_id))
         if box is None:
             self._error(404, "sandbox not found")
+            return
+        if int(str(raw_port)) != ENVD_PORT:
+            self._error(502, f"sandbox_standin serves only envd (port {ENVD_PORT}), not port {raw_port}")
             return
         if box.access_token is not None:
             token = self.headers.get_all("X-Access-Token") or []
@@ -620,6 +640,15 @@ class Handler(BaseHTTPRequestHandler):
         end = {"exitCode": code if code >= 0 else -1, "exited": code >= 0, "status": status}
         self._chunk(envelope({"event": {"end": end}}))
         self._stream_end()
+
+
+def _is_uuid(text: str) -> bool:
+    """SandboxId::parse_str: sandbox ids are UUIDs."""
+    try:
+        uuid.UUID(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _b64(data: bytes) -> str:

@@ -141,7 +141,7 @@ def test_the_preflight_reads_one_file_of_tbench2_env(tmp_path: Path) -> None:
     env = {"OPENENV_TB2_TASKS_DIR": str(TASKS), "OPENENV_SANDBOX_BACKEND": "agentenv", "E2B_API_KEY": "e2b_x"}
     result = run(LAUNCHER, "--skip-prepare", tmp_path=tmp_path, envs_dir=envs, **env)
     assert result.returncode != 0
-    assert "lacks the native-evaluate contract (TB2_WITHHOLD_TESTS)" in result.stderr
+    assert "lacks the native-evaluate contract (canonical test.sh scoring / TB2_WITHHOLD_TESTS)" in result.stderr
 
 
 def test_make_tbench2_data_is_a_tap_cli_with_underscores(tmp_path: Path) -> None:

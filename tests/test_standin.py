@@ -168,11 +168,15 @@ def test_the_data_plane_routes_by_header_and_a_secure_sandbox_needs_its_token(se
     created = call(server, "POST", "/sandboxes", {"templateID": "secure-box", "secure": True}).json()
     sandbox_id, token = created["sandboxID"], created["envdAccessToken"]
     route = {"E2b-Sandbox-Id": sandbox_id}
-    no_port = call(server, "POST", "/process.Process/Start", {}, key=None, headers=route)
+    # a route that does not parse passes auth only with the API key, then gets the proxy's 400 (auth.rs, proxy.rs)
+    assert call(server, "POST", "/process.Process/Start", {}, key=None, headers=route).status == 401
+    no_port = call(server, "POST", "/process.Process/Start", {}, headers=route)
     assert no_port.status == 400 and no_port.json()["message"] == "missing target port routing header"
+    bad_id = call(server, "POST", "/process.Process/Start", {}, headers={"E2b-Sandbox-Id": "nope"})
+    assert bad_id.status == 400 and bad_id.json()["message"] == "invalid sandbox routing header"
     routed = {**route, "E2b-Sandbox-Port": "49983"}
-    assert call(server, "POST", "/process.Process/Start", {}, key=None, headers=routed).status == 401
-    unknown = {"E2b-Sandbox-Id": "nope", "E2b-Sandbox-Port": "49983"}
+    assert call(server, "POST", "/process.Process/Start", {}, key=None, headers=routed).status == 401  # no token
+    unknown = {"E2b-Sandbox-Id": "00000000-0000-4000-8000-000000000000", "E2b-Sandbox-Port": "49983"}
     missing = call(server, "POST", "/process.Process/Start", {}, key=None, headers=unknown)
     assert missing.status == 404 and missing.json()["message"] == "sandbox not found"
 

@@ -81,14 +81,17 @@ def apply_optional_env_vars(env: dict, args) -> None:
         import tbench2_env
     except ImportError as e:
         raise RuntimeError(
-            "the sandbox modes need tbench2_env in the rollout process's environment: "
-            "pip install -e '<OpenEnv>/envs/tbench2_env'"
+            "the sandbox modes need tbench2_env in the rollout "
+            "process's environment: pip install -e '<OpenEnv>/envs/tbench2_env' "
+            "from the checkout described in this directory's README"
         ) from e
     server_src = Path(tbench2_env.__file__).resolve().parent / "server" / "tbench2_env_environment.py"
     src_text = server_src.read_text(encoding="utf-8") if server_src.is_file() else ""
     if "TB2_WITHHOLD_TESTS" not in src_text:
         raise RuntimeError(
-            "the installed tbench2_env server lacks the native-evaluate contract (TB2_WITHHOLD_TESTS): "
-            "install from an OpenEnv checkout at or after the #1012 merge (04d259ea6)"
+            "the installed tbench2_env server lacks the native-evaluate "
+            "contract (canonical test.sh scoring / TB2_WITHHOLD_TESTS): "
+            "install from an OpenEnv checkout at or after the #1012 merge "
+            "(04d259ea6) — see this directory's README"
         )
     env["OPENENV_TB2_TASKS_DIR"] = args.openenv_tb2_tasks_dir
