@@ -683,16 +683,25 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+API_KEY_CHARS = re.compile(r"[A-Za-z0-9._~-]{32,256}")
+
+
+class BadKey(ValueError):
+    """A key AgentENV would refuse at start (src/api_key.rs ApiKey::new)."""
+
+
 def load_key(key_file: Path) -> str:
-    """AENV_API_KEY if set (as AgentENV takes it), else the key file, else a new `e2b_` key written there (0600)."""
+    """AENV_API_KEY if set, else the key file, else a new key written there (0600), as src/api_key.rs resolves it:
+    the key must be 32-256 URL-safe characters, and a generated one is ``e2b_`` + 64 hex digits (32 random bytes).
+    """
     key = os.environ.get("AENV_API_KEY", "").strip()
-    if key:
-        return key
-    if key_file.is_file():
+    if not key and key_file.is_file():
         key = key_file.read_text(encoding="utf-8").strip()
-        if key:
-            return key
-    key = "e2b_" + secrets.token_hex(20)
+    if key:
+        if not API_KEY_CHARS.fullmatch(key):
+            raise BadKey("API key must contain between 32 and 256 URL-safe characters")
+        return key
+    key = "e2b_" + secrets.token_hex(32)
     key_file.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
@@ -730,7 +739,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--host {args.host} is not a loopback address: this stand-in runs commands on this host")
     root = Path(args.root).resolve()
     root.mkdir(parents=True, exist_ok=True)
-    key = load_key(Path(args.key_file).resolve() if args.key_file else root / "secrets" / "api-key")
+    try:
+        key = load_key(Path(args.key_file).resolve() if args.key_file else root / "secrets" / "api-key")
+    except BadKey as exc:
+        print(f"sandbox_standin: invalid AENV_API_KEY: {exc}", file=sys.stderr)
+        return 1
     registry = Registry(
         root, {t.strip() for t in args.templates.split(",") if t.strip()}, build_seconds=args.build_seconds
     )

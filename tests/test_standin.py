@@ -196,3 +196,28 @@ def test_the_data_plane_routes_by_header_and_a_secure_sandbox_needs_its_token(se
     connection.close()
     assert response.status == 200 and b"aGkK" in data  # "hi\n", base64 in a data event
     assert call(server, "DELETE", f"/sandboxes/{sandbox_id}").status == 204
+
+
+def test_a_key_agentenv_would_refuse_stops_the_server_at_start(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {**os.environ, "AENV_API_KEY": "e2b_short", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-m", "sandbox_standin", "--port", "0", "--root", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert "API key must contain between 32 and 256 URL-safe characters" in result.stderr
+    # with no key given, one is generated as AgentENV generates it: e2b_ and 64 hex digits, in a 0600 file
+    from sandbox_standin.server import load_key
+
+    generated = load_key(tmp_path / "secrets" / "api-key")
+    assert generated.startswith("e2b_") and len(generated) == 4 + 64
+    assert oct((tmp_path / "secrets" / "api-key").stat().st_mode & 0o777) == "0o600"
