@@ -778,7 +778,8 @@ class Engine:
         shown = {k: v for k, v in masked_outputs.items() if k not in secret_keys}
         # a check that ran and passed says so, not just why it ran
         reason = decision.reason if prep.instance.changes_system else f"checked, passed ({decision.reason})"
-        result = Result(name, status, reason, duration, log=str(log_path), attempts=attempts, outputs=shown)
+        note = self.masker.mask(prep.instance.note(shown)) if shown else ""
+        result = Result(name, status, reason, duration, log=str(log_path), attempts=attempts, outputs=shown, note=note)
         self.reporter.step_finished(result)
         return result
 

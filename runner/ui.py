@@ -181,10 +181,12 @@ class JsonReporter(Reporter):
         fields: dict[str, Any] = {
             "step": result.name,
             "status": result.status,
-            "reason": result.note or result.reason,
+            "reason": result.reason or result.note,
             "duration": round(result.duration, 4),
             "outputs": result.outputs,
         }
+        if result.note and result.note != fields["reason"]:
+            fields["note"] = result.note  # what the text line shows after the status (`= v1`, `e2b 2.50.0`)
         if result.status in ("failed", "interrupted"):
             fields.update(error=result.error, hint=result.hint, tail=result.tail, log=result.log)
         if result.attempts:

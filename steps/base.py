@@ -137,6 +137,10 @@ class StepKind:
         """Output keys whose values are secrets: kept in the 0600 secrets file, masked everywhere else."""
         return frozenset()
 
+    def note(self, outputs: dict[str, Any]) -> str:
+        """A few words shown after a run's result line (what a capture read, what pip installed), or ""."""
+        return ""
+
     def live_work(self, ctx: StepContext) -> str | None:
         """Live work a re-run would disrupt (a running job): its description, or None.
 

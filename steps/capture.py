@@ -57,6 +57,15 @@ class CaptureStep(StepKind):
     def secret_outputs(self) -> frozenset[str]:
         return frozenset({"value"}) if self.capture_spec.secret else frozenset()
 
+    def note(self, outputs: dict[str, Any]) -> str:
+        """The value read, so a choice made from it (a version pin) is visible; never a secret one."""
+        if self.capture_spec.secret or "value" not in outputs:
+            return ""
+        value = str(outputs["value"])
+        lines = value.splitlines() or [""]
+        cut = len(lines) > 1 or len(lines[0]) > 60
+        return f"= {lines[0][:60]}{'...' if cut else ''}"
+
     def probe(self, ctx: StepContext) -> Probe:
         if self.capture_spec.secret and "value" not in ctx.stored_secrets:
             return Probe.missing("the captured secret is not in .runner/secrets.json")

@@ -411,6 +411,15 @@ class PipStep(StepKind):
                 hint = ""
             raise StepError(f"pip install failed: {message}", hint=hint, output_tail=text)
 
+    def note(self, outputs: dict[str, Any]) -> str:
+        """What the requirements resolved to (e.g. the e2b an expression pinned), a few at most."""
+        versions = outputs.get("versions")
+        if not isinstance(versions, dict) or not versions:
+            return ""
+        shown = [f"{name} {version}" for name, version in list(versions.items())[:4]]
+        more = len(versions) - len(shown)
+        return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
+
     def _versions(self, ctx: StepContext, python: str) -> dict[str, str]:
         from packaging.requirements import InvalidRequirement, Requirement
 

@@ -167,3 +167,28 @@ def test_capture_inside_container(project: Project, docker_client: Any) -> None:
     assert missing.exists()
     failed = project.run("apply")
     assert failed.code == 1 and f"no container '{name}-nope'" in failed.out
+
+
+def test_what_a_capture_read_is_shown_unless_secret(project: Project) -> None:
+    """A choice made from a captured value (the flagship's SDK pin from aenv_api) is visible in the output."""
+    project.write(
+        """
+        steps:
+          - name: api
+            capture: {command: "echo v1"}
+          - name: token
+            capture: {command: "echo s3cr3t-t0ken-value", secret: true}
+          - name: pin
+            run: {command: "echo {{ 'old' if steps.api.value == 'v1' else 'new' }}"}
+        """
+    )
+    result = project.run("apply")
+    assert result.code == 0, result.text
+    line = next(x for x in result.out.splitlines() if x.split()[:2] == ["changed", "api"])
+    assert line.endswith("= v1"), line
+    assert "s3cr3t" not in result.text
+    token_line = next(x for x in result.out.splitlines() if x.split()[:2] == ["changed", "token"])
+    assert "=" not in token_line
+    events = [json.loads(x) for x in project.run("apply", "--force", "api", "--json").out.splitlines()]
+    finished = next(e for e in events if e["event"] == "step_finished" and e["step"] == "api")
+    assert finished["note"] == "= v1" and finished["reason"] != "= v1"
