@@ -442,7 +442,9 @@ def main() -> int:
         table.add("converged apply, examples/quickstart (13 steps)", samples, "target <= 0.3 s")
         names = imports_of(["apply", *port], qs)
         e2b = sorted(n for n in names if n == "e2b" or n.startswith("e2b."))
-        unused = sorted(n for n in names if n in ("steps.docker", "docker", "steps.capture", "steps.docker_engine"))
+        unused = sorted(
+            n for n in names if n in ("steps.docker", "docker", "steps.capture", "steps._support.docker_engine")
+        )
         print(f"  converged quickstart imports e2b: {e2b or 'no'}; unused kinds: {unused or 'none'}")
     finally:
         subprocess.run(runner_argv("stop", "sandbox_server", *port), cwd=qs, capture_output=True)

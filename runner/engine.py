@@ -32,7 +32,8 @@ from runner.secrets import Masker, SecretStore
 from runner.state import StateStore, check_writable, iso, lock_holder, now, pipeline_lock
 from runner.template import Facts, Outputs, RenderError, render_data, render_string, render_value, when_source
 from runner.ui import Reporter
-from steps import faults, kind_class
+from steps import kind_class
+from steps._support import faults
 from steps.base import Probe, StepContext, StepError, StepKind
 
 Action = Literal["run", "ok", "skip", "maybe", "pending", "fail", "block"]

@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from typing import Any
 
+from steps._support.hashing import canonical, digest
+
+__all__ = ["FINGERPRINT_VERSION", "canonical", "digest", "spec_changes", "step_fingerprint"]
+
 FINGERPRINT_VERSION = 1
-
-
-def canonical(data: Any) -> str:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-
-
-def digest(data: Any) -> str:
-    return hashlib.sha256(canonical(data).encode("utf-8")).hexdigest()
 
 
 def step_fingerprint(kind: str, spec: Any, extra: dict[str, Any], upstream: dict[str, str]) -> str:

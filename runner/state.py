@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import LockedError, StateError
-from steps import faults
+from steps._support import faults
 
 SCHEMA_VERSION = 1
 COMPACT_MIN = 64  # journal entries before a snapshot, at the least

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 KINDS: dict[str, str] = {
     "run": "steps.run:RunStep",
     "env": "steps.env:EnvStep",
-    "assert": "steps.checks:AssertStep",
+    "assert": "steps.assert_:AssertStep",
     "docker": "steps.docker:DockerStep",
     "git": "steps.git:GitStep",
     "pip": "steps.pip:PipStep",

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -98,8 +98,12 @@ class StepContext:
         return p if p.is_absolute() else self.pipeline_dir / p
 
 
-class StepKind:
-    """Base of the step kinds. Subclasses set ``kind`` and ``Spec`` and implement probe and apply."""
+SpecT = TypeVar("SpecT", bound=BaseModel)
+
+
+class StepKind(Generic[SpecT]):
+    """Base of the step kinds: ``class RunStep(StepKind[RunSpec])`` sets ``kind`` and ``Spec = RunSpec`` and
+    implements probe and apply; ``self.spec`` is then typed as that spec."""
 
     kind: ClassVar[str]
     Spec: ClassVar[type[BaseModel]]
@@ -110,8 +114,8 @@ class StepKind:
     # False for checks: a run that passes reports `ok`, not `changed`.
     changes_system: ClassVar[bool] = True
 
-    def __init__(self, spec: BaseModel) -> None:
-        self.spec = spec
+    def __init__(self, spec: SpecT) -> None:
+        self.spec: SpecT = spec
 
     def probe(self, ctx: StepContext) -> Probe:
         """Read-only and fast: is the live system as the spec says?"""

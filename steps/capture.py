@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from steps._support.process import run_process
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
-from steps.process import run_process
 
 
 class CaptureSpec(SpecModel):
@@ -45,21 +45,16 @@ class CaptureSpec(SpecModel):
         return value
 
 
-class CaptureStep(StepKind):
+class CaptureStep(StepKind[CaptureSpec]):
     kind = "capture"
     Spec = CaptureSpec
 
-    @property
-    def capture_spec(self) -> CaptureSpec:
-        assert isinstance(self.spec, CaptureSpec)
-        return self.spec
-
     def secret_outputs(self) -> frozenset[str]:
-        return frozenset({"value"}) if self.capture_spec.secret else frozenset()
+        return frozenset({"value"}) if self.spec.secret else frozenset()
 
     def note(self, outputs: dict[str, Any]) -> str:
         """The value read, so a choice made from it (a version pin) is visible; never a secret one."""
-        if self.capture_spec.secret or "value" not in outputs:
+        if self.spec.secret or "value" not in outputs:
             return ""
         value = str(outputs["value"])
         lines = value.splitlines() or [""]
@@ -67,12 +62,12 @@ class CaptureStep(StepKind):
         return f"= {lines[0][:60]}{'...' if cut else ''}"
 
     def probe(self, ctx: StepContext) -> Probe:
-        if self.capture_spec.secret and "value" not in ctx.stored_secrets:
+        if self.spec.secret and "value" not in ctx.stored_secrets:
             return Probe.missing("the captured secret is not in .runner/secrets.json")
         return Probe.ok()
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        spec = self.capture_spec
+        spec = self.spec
         argv = ["/bin/sh", "-c", spec.command] if isinstance(spec.command, str) else list(spec.command)
         shown = spec.command if isinstance(spec.command, str) else " ".join(spec.command)
         if spec.container:
@@ -92,11 +87,11 @@ class CaptureStep(StepKind):
         return {"value": value}
 
     def _exec(self, ctx: StepContext, argv: list[str]) -> tuple[int, str]:
-        from steps.docker_engine import api_error_text, connect, sdk
+        from steps._support.docker_engine import api_error_text, connect, sdk
 
         docker = sdk()
 
-        spec = self.capture_spec
+        spec = self.spec
         client, address = connect(spec.host, ctx.env)
         try:
             container = client.containers.get(spec.container)

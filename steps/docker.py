@@ -29,10 +29,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
-from steps import faults
+from steps._support import faults
+from steps._support.docker_engine import api_error_text, connect, engine_address, engine_hostname, sdk
+from steps._support.readiness import Readiness, wait_ready
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
-from steps.docker_engine import api_error_text, connect, engine_address, engine_hostname, sdk
-from steps.waiting import Readiness, wait_ready
 
 if TYPE_CHECKING:
     import docker
@@ -159,20 +159,15 @@ def _show(value: Any) -> str:
     return str(value)
 
 
-class DockerStep(StepKind):
+class DockerStep(StepKind[DockerSpec]):
     kind = "docker"
     Spec = DockerSpec
     cosmetic_fields = frozenset({"stop_timeout"})
 
-    @property
-    def docker_spec(self) -> DockerSpec:
-        assert isinstance(self.spec, DockerSpec)
-        return self.spec
-
     # ---- the config that needs a recreate ----------------------------------------------------------------
 
     def config(self, ctx: StepContext) -> dict[str, Any]:
-        spec = self.docker_spec
+        spec = self.spec
         return {
             "image": spec.image,
             "command": spec.command,
@@ -187,7 +182,7 @@ class DockerStep(StepKind):
         }
 
     def config_hash(self, ctx: StepContext) -> str:
-        from runner.fingerprint import digest
+        from steps._support.hashing import digest
 
         return f"v{CONFIG_VERSION}:" + digest({"v": CONFIG_VERSION, **self.config(ctx)})
 
@@ -202,7 +197,7 @@ class DockerStep(StepKind):
     def probe(self, ctx: StepContext) -> Probe:
         docker = sdk()
 
-        spec = self.docker_spec
+        spec = self.spec
         client, address = connect(spec.host, ctx.env, spec.tls, ping=False)
         try:
             try:
@@ -241,12 +236,12 @@ class DockerStep(StepKind):
             detail = f" (exit code {state.get('ExitCode')})" if container.status == "exited" else ""
             return f"container {container.name} is {container.status}{detail}, not running", []
         try:
-            image = client.images.get(self.docker_spec.image)
+            image = client.images.get(self.spec.image)
         except docker.errors.ImageNotFound:
             return None  # the tag was removed locally; the container still runs what it was made from
         if image.id != container.attrs.get("Image"):
             return (
-                f"image: {self.docker_spec.image} now resolves to {image.id[:19]}, the container runs "
+                f"image: {self.spec.image} now resolves to {image.id[:19]}, the container runs "
                 f"{str(container.attrs.get('Image'))[:19]}",
                 [f"image: {str(container.attrs.get('Image'))[7:19]} -> {image.id[7:19]}"],
             )
@@ -261,7 +256,7 @@ class DockerStep(StepKind):
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         docker = sdk()
 
-        spec = self.docker_spec
+        spec = self.spec
         client, address = connect(spec.host, ctx.env, spec.tls)
         try:
             try:
@@ -299,7 +294,7 @@ class DockerStep(StepKind):
     def _ensure_image(self, ctx: StepContext, client: docker.DockerClient, address: str) -> Any:
         docker = sdk()
 
-        spec = self.docker_spec
+        spec = self.spec
         local = None
         try:
             local = client.images.get(spec.image)
@@ -327,8 +322,8 @@ class DockerStep(StepKind):
     def _pull(self, ctx: StepContext, client: docker.DockerClient) -> None:
         from docker.utils import parse_repository_tag
 
-        repo, tag = parse_repository_tag(self.docker_spec.image)
-        ctx.on_output(f"pulling {self.docker_spec.image}")
+        repo, tag = parse_repository_tag(self.spec.image)
+        ctx.on_output(f"pulling {self.spec.image}")
         layers: dict[str, tuple[int, int]] = {}  # layer id -> (bytes downloaded, layer size)
         for event in client.api.pull(repo, tag=tag or "latest", stream=True, decode=True):
             detail = event.get("progressDetail") or {}
@@ -346,7 +341,7 @@ class DockerStep(StepKind):
             if status and "progress" not in event:
                 ctx.on_output(f"{event.get('id', '')} {status}".strip())
             if ctx.cancel.is_set():
-                raise StepError("interrupted while pulling " + self.docker_spec.image)
+                raise StepError("interrupted while pulling " + self.spec.image)
 
     def _remove(self, container: Container, stop_timeout: float) -> None:
         docker = sdk()
@@ -363,7 +358,7 @@ class DockerStep(StepKind):
     ) -> Container:
         docker = sdk()
 
-        spec = self.docker_spec
+        spec = self.spec
         ports: dict[str, list[Any]] = {}
         for item in spec.ports:
             key, ip, host = parse_port(item)
@@ -418,7 +413,7 @@ class DockerStep(StepKind):
         return container
 
     def _await_ready(self, ctx: StepContext, container: Container, address: str) -> None:
-        spec = self.docker_spec
+        spec = self.spec
 
         def exited() -> str | None:
             container.reload()

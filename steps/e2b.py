@@ -29,8 +29,8 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from steps._support.process import run_process
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
-from steps.process import run_process
 
 RESULT_MARK = "RUNNER-E2B-RESULT "
 
@@ -163,28 +163,23 @@ def key_digest(key: str) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
-class E2bStep(StepKind):
+class E2bStep(StepKind[E2bSpec]):
     kind = "e2b"
     Spec = E2bSpec
     changes_system = False
     cosmetic_fields = frozenset({"timeout", "sandbox_timeout"})
 
-    @property
-    def e2b_spec(self) -> E2bSpec:
-        assert isinstance(self.spec, E2bSpec)
-        return self.spec
-
     # ---- what the check talks to ----------------------------------------------------------------------
 
     def _settings(self, ctx: StepContext) -> tuple[str, str | None, str]:
-        spec = self.e2b_spec
+        spec = self.spec
         api_url = (spec.api_url or ctx.env.get("E2B_API_URL") or "").strip()
         sandbox_url = (spec.sandbox_url or ctx.env.get("E2B_SANDBOX_URL") or "").strip() or None
         key = (spec.api_key or ctx.env.get("E2B_API_KEY") or "").strip()
         return api_url, sandbox_url, key
 
     def _python(self) -> str:
-        return self.e2b_spec.python or sys.executable
+        return self.spec.python or sys.executable
 
     def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
         api_url, sandbox_url, key = self._settings(ctx)
@@ -194,7 +189,7 @@ class E2bStep(StepKind):
             "key": key_digest(key) if key else None,
             "python": self._python(),
         }
-        if self.e2b_spec.python is None:
+        if self.spec.python is None:
             extra["sdk"] = _own_sdk_version()  # a metadata read, not an import of e2b
         return extra
 
@@ -204,7 +199,7 @@ class E2bStep(StepKind):
     # ---- the check ------------------------------------------------------------------------------------
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        spec = self.e2b_spec
+        spec = self.spec
         api_url, sandbox_url, key = self._settings(ctx)
         if not api_url:
             raise StepError(
@@ -260,7 +255,7 @@ class E2bStep(StepKind):
     def _judge(
         self, result: dict[str, Any], api_url: str, sandbox_url: str | None, key: str, ctx: StepContext
     ) -> dict[str, Any]:
-        spec = self.e2b_spec
+        spec = self.spec
         stage = result.get("stage")
         message = _scrub(str(result.get("message", "")), key)
         version = result.get("version")

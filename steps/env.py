@@ -60,14 +60,13 @@ def write_env_file(path: Path, variables: dict[str, str]) -> None:
     os.replace(tmp, path)
 
 
-class EnvStep(StepKind):
+class EnvStep(StepKind[EnvSpec]):
     kind = "env"
     Spec = EnvSpec
     exports_env = True
 
     def exports(self) -> dict[str, str]:
-        root: dict[str, str] = self.spec.root  # type: ignore[attr-defined]
-        return dict(root)
+        return dict(self.spec.root)
 
     def _wanted(self, ctx: StepContext) -> dict[str, str]:
         return {**ctx.exported, **self.exports()}

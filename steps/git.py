@@ -30,10 +30,10 @@ from typing import Any
 
 from pydantic import Field
 
-from steps import faults
+from steps._support import faults
+from steps._support.gitdir import git_dir, head, origin_url, same_url
+from steps._support.process import run_process
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
-from steps.gitdir import git_dir, head, origin_url, same_url
-from steps.process import run_process
 
 HEX = re.compile(r"^[0-9a-f]{7,40}$")
 NETWORK_ERRORS = (
@@ -76,20 +76,15 @@ def _is_network(exc: BaseException) -> bool:
     return isinstance(exc, GitNetworkError)
 
 
-class GitStep(StepKind):
+class GitStep(StepKind[GitSpec]):
     kind = "git"
     Spec = GitSpec
     cosmetic_fields = frozenset({"attempts"})
 
-    @property
-    def git_spec(self) -> GitSpec:
-        assert isinstance(self.spec, GitSpec)
-        return self.spec
-
     # ---- probe: file reads only --------------------------------------------------------------------------
 
     def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[str]) -> list[str]:
-        spec = self.git_spec
+        spec = self.spec
         old_ref = old_spec.get("ref")
         if old_ref == spec.ref:
             return changes
@@ -106,13 +101,13 @@ class GitStep(StepKind):
 
     def _local_url(self, ctx: StepContext) -> None:
         """A url that starts with ./ or ../ is a path relative to the pipeline file (a bundle shipped beside it)."""
-        url = self.git_spec.url
+        url = self.spec.url
         if url.startswith(("./", "../")):
-            self.spec = self.git_spec.model_copy(update={"url": os.fspath(ctx.resolve(url))})
+            self.spec = self.spec.model_copy(update={"url": os.fspath(ctx.resolve(url))})
 
     def probe(self, ctx: StepContext) -> Probe:
         self._local_url(ctx)
-        spec = self.git_spec
+        spec = self.spec
         dest = ctx.resolve(spec.dest)
         gitdir = git_dir(dest)
         if gitdir is None:
@@ -144,16 +139,16 @@ class GitStep(StepKind):
     def _remote_head(self, ctx: StepContext, ref: str) -> str | None:
         try:
             proc = subprocess.run(
-                ["git", "ls-remote", self.git_spec.url, ref if ref == "HEAD" else f"refs/heads/{ref}"],
+                ["git", "ls-remote", self.spec.url, ref if ref == "HEAD" else f"refs/heads/{ref}"],
                 capture_output=True,
                 text=True,
                 timeout=ctx.timeout or 60,
                 env=_git_env(ctx.env),
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise StepError(f"git ls-remote {self.git_spec.url} failed: {exc}") from None
+            raise StepError(f"git ls-remote {self.spec.url} failed: {exc}") from None
         if proc.returncode != 0:
-            raise StepError(f"git ls-remote {self.git_spec.url} failed: {proc.stderr.strip()[-300:]}")
+            raise StepError(f"git ls-remote {self.spec.url} failed: {proc.stderr.strip()[-300:]}")
         line = proc.stdout.strip().splitlines()
         return line[0].split()[0] if line else None
 
@@ -161,7 +156,7 @@ class GitStep(StepKind):
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         self._local_url(ctx)
-        spec = self.git_spec
+        spec = self.spec
         dest = ctx.resolve(spec.dest)
         if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
             if git_dir(dest) is None:
@@ -190,7 +185,7 @@ class GitStep(StepKind):
         return result.stdout
 
     def _with_retries(self, ctx: StepContext, what: str, action: Any) -> None:
-        spec = self.git_spec
+        spec = self.spec
 
         def before_sleep(state: Any) -> None:
             exc = state.outcome.exception() if state.outcome else None
@@ -214,7 +209,7 @@ class GitStep(StepKind):
                 action()
 
     def _clone_fresh(self, ctx: StepContext, dest: Path) -> None:
-        spec = self.git_spec
+        spec = self.spec
         dest.parent.mkdir(parents=True, exist_ok=True)
         for stale in dest.parent.glob(f".{dest.name}.runner-clone-*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -253,21 +248,21 @@ class GitStep(StepKind):
 
     def _checkout_commit(self, ctx: StepContext, repo: Path, sha: str) -> None:
         if not _has_commit(repo, sha, ctx.env):
-            args = ["fetch", "origin", sha] + (["--depth", str(self.git_spec.depth)] if self.git_spec.depth else [])
+            args = ["fetch", "origin", sha] + (["--depth", str(self.spec.depth)] if self.spec.depth else [])
             self._with_retries(ctx, "fetch", lambda: self._git(ctx, args, repo, network=True))
             target = "FETCH_HEAD" if not _has_commit(repo, sha, ctx.env) else sha
         else:
             target = sha
-        force = ["--force"] if self.git_spec.force else []
+        force = ["--force"] if self.spec.force else []
         self._git(ctx, ["checkout", *force, "--detach", target], repo)
         commit, _ = head(git_dir(repo) or repo / ".git")
         if not commit or not commit.startswith(sha.lower()):
-            raise StepError(f"commit {sha} is not in {self.git_spec.url}", hint="check `ref`")
+            raise StepError(f"commit {sha} is not in {self.spec.url}", hint="check `ref`")
 
     def _converge_existing(self, ctx: StepContext, dest: Path) -> None:
         import git
 
-        spec = self.git_spec
+        spec = self.spec
         repo = git.Repo(dest)
         try:
             url = repo.remotes.origin.url if "origin" in [r.name for r in repo.remotes] else None
@@ -312,7 +307,7 @@ class GitStep(StepKind):
 
     def _target(self, ctx: StepContext, repo: Any, dest: Path) -> tuple[str, str | None]:
         """(commit to check out, branch name when the ref is a branch), fetching when it is not here yet."""
-        spec = self.git_spec
+        spec = self.spec
         ref = spec.ref
         depth = ["--depth", str(spec.depth)] if spec.depth else []
         if ref is None:

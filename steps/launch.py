@@ -33,13 +33,13 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
+from steps._support.files import check_patterns, expand
+from steps._support.process import run_process
+from steps._support.ray_jobs import RayJob, RaySpec
+from steps._support.supervise import start_time, write
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
-from steps.files import check_patterns, expand
-from steps.process import run_process
-from steps.ray_jobs import RayJob, RaySpec
-from steps.supervise import start_time, write
 
-SUPERVISOR = Path(__file__).with_name("supervise.py")
+SUPERVISOR = Path(__file__).parent / "_support" / "supervise.py"
 START_GRACE = 0.5
 
 
@@ -98,22 +98,17 @@ def _when(ts: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if isinstance(ts, (int, float)) else "?"
 
 
-class LaunchStep(StepKind):
+class LaunchStep(StepKind[LaunchSpec]):
     kind = "launch"
     Spec = LaunchSpec
     cosmetic_fields = frozenset({"stop_signal", "stop_timeout", "log"})
 
-    @property
-    def launch_spec(self) -> LaunchSpec:
-        assert isinstance(self.spec, LaunchSpec)
-        return self.spec
-
     def streams_output(self) -> bool:
-        return not self.launch_spec.detach and self.launch_spec.ray is None
+        return not self.spec.detach and self.spec.ray is None
 
     @property
     def ray(self) -> RayJob | None:
-        return RayJob(self) if self.launch_spec.ray is not None else None
+        return RayJob(self) if self.spec.ray is not None else None
 
     def preview(self, ctx: StepContext) -> str | None:
         return self.ray.secret_problem(ctx) if self.ray else None
@@ -127,7 +122,7 @@ class LaunchStep(StepKind):
         return ctx.state_dir / "jobs" / f"{ctx.name}.json"
 
     def log_file(self, ctx: StepContext) -> Path | None:
-        if not self.launch_spec.detach:
+        if not self.spec.detach:
             return None
         job = self.job(ctx)
         if job and isinstance(job.get("log"), str):
@@ -135,7 +130,7 @@ class LaunchStep(StepKind):
         return self._log(ctx)
 
     def _log(self, ctx: StepContext) -> Path:
-        spec = self.launch_spec
+        spec = self.spec
         return ctx.resolve(spec.log) if spec.log else ctx.state_dir / "jobs" / f"{ctx.name}.log"
 
     def job(self, ctx: StepContext) -> dict[str, Any] | None:
@@ -148,7 +143,7 @@ class LaunchStep(StepKind):
     # ---- probe ----------------------------------------------------------------------------------------
 
     def _missing_output(self, ctx: StepContext) -> str | None:
-        for pattern in self.launch_spec.creates:
+        for pattern in self.spec.creates:
             if not expand(ctx.resolve(pattern)):
                 return pattern
         return None
@@ -156,7 +151,7 @@ class LaunchStep(StepKind):
     def probe(self, ctx: StepContext) -> Probe:
         if self.ray:
             return self.ray.probe(ctx)
-        if not self.launch_spec.detach:
+        if not self.spec.detach:
             missing = self._missing_output(ctx)
             return Probe.missing(f"{missing} is missing (the job makes it)") if missing else Probe.ok()
         job = self.job(ctx)
@@ -181,7 +176,7 @@ class LaunchStep(StepKind):
     def live_work(self, ctx: StepContext) -> str | None:
         if self.ray:
             return self.ray.live_work(ctx)
-        if not self.launch_spec.detach:
+        if not self.spec.detach:
             return None
         job = self.job(ctx)
         if job and _alive(job):
@@ -191,14 +186,14 @@ class LaunchStep(StepKind):
     # ---- apply ----------------------------------------------------------------------------------------
 
     def _argv(self) -> list[str]:
-        command = self.launch_spec.command
+        command = self.spec.command
         return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
 
     def _env(self, ctx: StepContext) -> dict[str, str]:
-        return {**ctx.env, **self.launch_spec.env}
+        return {**ctx.env, **self.spec.env}
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        spec = self.launch_spec
+        spec = self.spec
         if self.ray:
             return self.ray.apply(ctx)
         cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
@@ -287,7 +282,7 @@ class LaunchStep(StepKind):
     def stop(self, ctx: StepContext) -> str:
         if self.ray:
             return self.ray.stop(ctx)
-        if not self.launch_spec.detach:
+        if not self.spec.detach:
             raise StepError("a foreground launch stops when its apply stops (Ctrl-C): nothing runs in the background")
         job = self.job(ctx)
         if job is None:
@@ -302,7 +297,7 @@ class LaunchStep(StepKind):
         return f"stopped pid {job['pid']} ({how})"
 
     def _stop(self, ctx: StepContext, job: dict[str, Any]) -> str:
-        spec = self.launch_spec
+        spec = self.spec
         pgid = int(job.get("pgid") or job["pid"])
         sig = getattr(signal, f"SIG{spec.stop_signal}")
         with contextlib.suppress(ProcessLookupError):

@@ -36,9 +36,9 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from steps._support.files import content_digest
+from steps._support.process import run_process
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
-from steps.files import content_digest
-from steps.process import run_process
 
 QUERY = r"""
 import json, os, platform, re, sys
@@ -198,19 +198,14 @@ class PipSpec(SpecModel):
         return self
 
 
-class PipStep(StepKind):
+class PipStep(StepKind[PipSpec]):
     kind = "pip"
     Spec = PipSpec
-
-    @property
-    def pip_spec(self) -> PipSpec:
-        assert isinstance(self.spec, PipSpec)
-        return self.spec
 
     # ---- where ----------------------------------------------------------------------------------------
 
     def base_python(self, ctx: StepContext) -> str:
-        spec = self.pip_spec
+        spec = self.spec
         name = spec.python or "python3"
         if "/" in name:
             return str(ctx.resolve(name))
@@ -222,7 +217,7 @@ class PipStep(StepKind):
         raise StepError(f"no interpreter {name!r} on PATH", hint="give `python:` as a full path")
 
     def target_python(self, ctx: StepContext) -> str:
-        spec = self.pip_spec
+        spec = self.spec
         if spec.venv:
             return str(ctx.resolve(spec.venv) / "bin" / "python")
         return self.base_python(ctx)
@@ -231,7 +226,7 @@ class PipStep(StepKind):
 
     def _files(self, ctx: StepContext) -> tuple[list[str], list[str], list[Path]]:
         """(requirement lines, editable paths, files read) from the spec and its requirements files."""
-        spec = self.pip_spec
+        spec = self.spec
         reqs = list(spec.packages)
         editables = [str(ctx.resolve(p)) for p in spec.editable]
         read: list[Path] = []
@@ -263,7 +258,7 @@ class PipStep(StepKind):
         return reqs, editables, read
 
     def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
-        spec = self.pip_spec
+        spec = self.spec
         files = [ctx.resolve(p) for p in spec.requirements + spec.constraints]
         for path in spec.editable:
             root = ctx.resolve(path)
@@ -307,8 +302,8 @@ class PipStep(StepKind):
     def probe(self, ctx: StepContext) -> Probe:
         python = self.target_python(ctx)
         if not Path(python).exists() and "/" in python:
-            return Probe.missing(f"{python} does not exist" + (" (no venv yet)" if self.pip_spec.venv else ""))
-        if self.pip_spec.venv and self.pip_spec.inherit_packages and not self._inherit_files(ctx):
+            return Probe.missing(f"{python} does not exist" + (" (no venv yet)" if self.spec.venv else ""))
+        if self.spec.venv and self.spec.inherit_packages and not self._inherit_files(ctx):
             return Probe.missing("the venv does not inherit its base interpreter's packages yet")
         problems = self.unsatisfied(ctx, python)
         if problems:
@@ -318,7 +313,7 @@ class PipStep(StepKind):
     # ---- apply ----------------------------------------------------------------------------------------
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        spec = self.pip_spec
+        spec = self.spec
         if spec.venv:
             self._ensure_venv(ctx)
         python = self.target_python(ctx)
@@ -339,8 +334,8 @@ class PipStep(StepKind):
         return {"versions": self._versions(ctx, python), "python": python}
 
     def _ensure_venv(self, ctx: StepContext) -> None:
-        assert self.pip_spec.venv
-        root = ctx.resolve(self.pip_spec.venv)
+        assert self.spec.venv
+        root = ctx.resolve(self.spec.venv)
         if not ((root / "pyvenv.cfg").exists() and (root / "bin" / "python").exists()):
             base = self.base_python(ctx)
             ctx.on_output(f"creating virtual environment {root} with {base}")
@@ -350,12 +345,12 @@ class PipStep(StepKind):
         self._write_inherit(ctx, root)
 
     def _inherit_files(self, ctx: StepContext) -> list[Path]:
-        assert self.pip_spec.venv
-        return sorted(ctx.resolve(self.pip_spec.venv).glob(f"lib/python*/site-packages/{INHERIT_PTH}"))
+        assert self.spec.venv
+        return sorted(ctx.resolve(self.spec.venv).glob(f"lib/python*/site-packages/{INHERIT_PTH}"))
 
     def _write_inherit(self, ctx: StepContext, root: Path) -> None:
         targets = sorted(root.glob("lib/python*/site-packages"))
-        if not self.pip_spec.inherit_packages:
+        if not self.spec.inherit_packages:
             for target in targets:
                 (target / INHERIT_PTH).unlink(missing_ok=True)
             return
@@ -373,7 +368,7 @@ class PipStep(StepKind):
         ctx.on_output(f"the venv inherits the packages of {base}")
 
     def _install(self, ctx: StepContext, python: str) -> None:
-        spec = self.pip_spec
+        spec = self.spec
         argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input"]
         if spec.index_url:
             argv += ["--index-url", spec.index_url]

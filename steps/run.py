@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from steps._support.files import check_patterns, content_digest, expand
+from steps._support.process import run_process
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
-from steps.files import check_patterns, content_digest, expand
-from steps.process import run_process
 
 
 class RunSpec(SpecModel):
@@ -62,30 +62,25 @@ class RunSpec(SpecModel):
         return value
 
 
-class RunStep(StepKind):
+class RunStep(StepKind[RunSpec]):
     kind = "run"
     Spec = RunSpec
 
-    @property
-    def run_spec(self) -> RunSpec:
-        assert isinstance(self.spec, RunSpec)
-        return self.spec
-
     def probe(self, ctx: StepContext) -> Probe:
-        for pattern in self.run_spec.creates:
+        for pattern in self.spec.creates:
             if not expand(ctx.resolve(pattern)):
                 return Probe.missing(f"{pattern} does not exist")
         return Probe.ok()
 
     def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
-        if not self.run_spec.inputs:
+        if not self.spec.inputs:
             return {}
-        found = {p: [str(x) for x in expand(ctx.resolve(p))] for p in self.run_spec.inputs}
+        found = {p: [str(x) for x in expand(ctx.resolve(p))] for p in self.spec.inputs}
         paths = [ctx.resolve(x) for matches in found.values() for x in matches]
         return {"inputs": found, "input_digests": content_digest(paths)}
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        spec = self.run_spec
+        spec = self.spec
         argv = ["/bin/sh", "-c", spec.command] if isinstance(spec.command, str) else spec.command
         cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
         env = {**ctx.env, **spec.env}

@@ -32,17 +32,12 @@ class SecretSpec(SpecModel):
     bytes: int = Field(24, ge=8, le=128, description="Random bytes, written as hex (two characters each).")
 
 
-class SecretStep(StepKind):
+class SecretStep(StepKind[SecretSpec]):
     kind = "secret"
     Spec = SecretSpec
 
-    @property
-    def secret_spec(self) -> SecretSpec:
-        assert isinstance(self.spec, SecretSpec)
-        return self.spec
-
     def _fits(self, value: str | None) -> bool:
-        spec = self.secret_spec
+        spec = self.spec
         if not value or not value.startswith(spec.prefix):
             return False
         body = value[len(spec.prefix) :]
@@ -60,5 +55,5 @@ class SecretStep(StepKind):
         kept = ctx.stored_secrets.get("value")
         if self._fits(kept):
             return {"value": kept}
-        spec = self.secret_spec
+        spec = self.spec
         return {"value": spec.prefix + random_source.token_hex(spec.bytes)}

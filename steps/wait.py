@@ -16,17 +16,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from steps._support.readiness import Readiness, wait_ready
 from steps.base import StepContext, StepKind
-from steps.waiting import Readiness, wait_ready
 
 
-class WaitStep(StepKind):
+class WaitStep(StepKind[Readiness]):
     kind = "wait"
     Spec = Readiness
     changes_system = False
     cosmetic_fields = frozenset({"interval"})
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        assert isinstance(self.spec, Readiness)
         answer = wait_ready(self.spec, ctx.cancel, on_attempt=ctx.on_output)
         return {"answer": answer, "target": self.spec.target}

@@ -82,7 +82,7 @@ def test_quickstart_applies_converges_and_resumes_after_a_failed_rollout(quickst
     imported = set(json.loads(traced.stderr.strip().splitlines()[-1]))
     assert "steps.pip" in imported and "steps.git" in imported  # it does see the kinds in use
     assert not {m for m in imported if m == "e2b" or m.startswith("e2b.")}
-    assert not imported & {"steps.docker", "steps.docker_engine", "docker", "steps.capture"}
+    assert not imported & {"steps.docker", "steps._support.docker_engine", "docker", "steps.capture"}
 
     # The rollout fails once (its results directory is blocked by a file), then the fix resumes only it.
     results.unlink()

@@ -163,8 +163,8 @@ def test_an_unreachable_ssh_engine_names_the_host(project: Project, ssh_engine: 
 
 
 def test_a_wait_on_localhost_means_the_remote_engines_host() -> None:
+    from steps._support.readiness import Readiness
     from steps.docker import remote_readiness
-    from steps.waiting import Readiness
 
     http = Readiness(http="http://127.0.0.1:8000/health", status=[204])
     assert remote_readiness(http, "ssh://ops@gpu-7:2222").http == "http://gpu-7:8000/health"

@@ -246,7 +246,7 @@ class RayJob:
         return {"submission_id": sid, "address": self.spec.address, "status": status, "detached": True}
 
     def _write(self, ctx: StepContext, data: dict[str, Any]) -> None:
-        from steps.supervise import write
+        from steps._support.supervise import write
 
         path = self.step.job_path(ctx)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -25,9 +25,9 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from steps._support.files import expand
+from steps._support.process import run_process
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
-from steps.files import expand
-from steps.process import run_process
 
 TRUE_WORDS = {"true", "yes", "1", "on"}
 FALSE_WORDS = {"false", "no", "0", "off", "", "none"}
@@ -94,19 +94,14 @@ def _sysctl_failure(key: str, lowest: int) -> list[str]:
     return [f"{key} is {value}, below {lowest}"] if value < lowest else []
 
 
-class AssertStep(StepKind):
+class AssertStep(StepKind[AssertSpec]):
     kind = "assert"
     Spec = AssertSpec
     cosmetic_fields = frozenset({"message"})
     changes_system = False
 
-    @property
-    def check(self) -> AssertSpec:
-        assert isinstance(self.spec, AssertSpec)
-        return self.spec
-
     def _failures(self, ctx: StepContext, run_commands: bool) -> list[str]:
-        spec = self.check
+        spec = self.spec
         failures: list[str] = []
         if spec.path is not None and not expand(ctx.resolve(spec.path)):
             failures.append(f"{spec.path} does not exist")
@@ -158,7 +153,7 @@ class AssertStep(StepKind):
 
     def probe(self, ctx: StepContext) -> Probe:
         # A command check cannot be probed without running it: the check itself is the probe.
-        if self.check.command is not None:
+        if self.spec.command is not None:
             return Probe.missing("a command check runs on every apply")
         failures = self._failures(ctx, run_commands=False)
         return Probe.missing("; ".join(failures)) if failures else Probe.ok("all checks hold")
@@ -168,13 +163,13 @@ class AssertStep(StepKind):
         if not failures:
             return None
         detail = "; ".join(failures)
-        return f"{self.check.message} ({detail})" if self.check.message else f"check failed: {detail}"
+        return f"{self.spec.message} ({detail})" if self.spec.message else f"check failed: {detail}"
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         failures = self._failures(ctx, run_commands=True)
         if failures:
             detail = "; ".join(failures)
-            if self.check.message:
-                raise StepError(f"{self.check.message} ({detail})")
+            if self.spec.message:
+                raise StepError(f"{self.spec.message} ({detail})")
             raise StepError(f"check failed: {detail}")
         return {"passed": True}
