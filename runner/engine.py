@@ -19,25 +19,23 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_fixed
 
 from runner.errors import InputError
+from runner.events import Decision, Reporter, Result, Status
 from runner.fingerprint import digest, spec_changes, step_fingerprint
 from runner.load import validation_errors
 from runner.model import Pipeline, StepDecl
 from runner.secrets import Masker, SecretStore
 from runner.state import StateStore, check_writable, iso, lock_holder, now, pipeline_lock
 from runner.template import Facts, Outputs, RenderError, render_data, render_string, render_value, when_source
-from runner.ui import Reporter
 from steps import kind_class
 from steps._support import faults
 from steps.base import Probe, StepContext, StepError, StepKind
 
-Action = Literal["run", "ok", "skip", "maybe", "pending", "fail", "block"]
-Status = Literal["ok", "changed", "failed", "skipped", "blocked", "interrupted", "unselected", "pending"]
 KEPT_RUNS = 20
 ITEM_KEY = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")
 
@@ -50,30 +48,6 @@ class Options:
     jobs: int = 1
     keep_going: bool = False
     verbose: bool = False
-
-
-@dataclass
-class Decision:
-    name: str
-    action: Action
-    reason: str
-    changes: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Result:
-    name: str
-    status: Status
-    reason: str = ""
-    duration: float = 0.0
-    error: str = ""
-    hint: str = ""
-    tail: str = ""
-    log: str = ""
-    input_error: bool = False
-    attempts: int = 0
-    note: str = ""  # shown after the status whatever it is (a loop's summary)
-    outputs: dict[str, Any] = field(default_factory=dict)  # masked, secret outputs left out
 
 
 class Interrupted(BaseException):

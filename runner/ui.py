@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from runner.engine import Decision, Result
+    from runner.events import Decision, Result
 
 MARKS = {
     "ok": "ok",
