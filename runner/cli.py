@@ -309,9 +309,9 @@ def show_status(engine: Any) -> int:
     width = max(len(n) for n in engine.graph.names)
     print(f"{'STEP':<{width}}  {'KIND':<7} {'LAST':<11} {'FINISHED':<19} {'TOOK':>7}  UP TO DATE")
     for step in engine.pipeline.steps:
-        rec = engine.state.record(step.name) or {}
-        last = rec.get("status", "-")
-        took = fmt_duration(rec["duration"]) if isinstance(rec.get("duration"), (int, float)) else "-"
+        rec = engine.record(step.name)
+        last = (rec.status or "-") if rec else "-"
+        took = fmt_duration(rec.duration) if rec and rec.duration is not None else "-"
         d = decisions.get(step.name)
         if d is None:
             current = "?"
@@ -321,5 +321,6 @@ def show_status(engine: Any) -> int:
             current = "skipped"
         else:
             current = f"no: {d.reason}"
-        print(f"{step.name:<{width}}  {step.kind:<7} {last:<11} {iso(rec.get('finished')):<19} {took:>7}  {current}")
+        finished = iso(rec.finished if rec else None)
+        print(f"{step.name:<{width}}  {step.kind:<7} {last:<11} {finished:<19} {took:>7}  {current}")
     return EXIT_OK

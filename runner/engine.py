@@ -24,11 +24,13 @@ from typing import Any
 from pydantic import ValidationError
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_fixed
 
+from runner.decide import decide, to_observe
 from runner.errors import InputError
 from runner.events import Decision, Reporter, Result, Status
 from runner.fingerprint import digest, spec_changes, step_fingerprint
 from runner.load import validation_errors
 from runner.model import Pipeline, StepDecl
+from runner.record import StepRecord
 from runner.secrets import Masker, SecretStore
 from runner.state import StateStore, check_writable, iso, lock_holder, now, pipeline_lock
 from runner.template import Facts, Outputs, RenderError, render_data, render_string, render_value, when_source
@@ -247,7 +249,7 @@ class Engine:
             exported=exported,
             timeout=step.common.timeout,
             log_path=log_path,
-            record_outputs=(self.state.record(record_name) or {}).get("outputs", {}),
+            record_outputs=(self.record(record_name) or StepRecord({})).outputs,
             cancel=self.cancel,
             mask=self.masker.mask,
             stored_secrets=self.secrets.get(record_name),
@@ -266,59 +268,44 @@ class Engine:
     # ---- deciding -------------------------------------------------------------------------------------
 
     def decide(self, prep: Prepared, crashed_ok: bool) -> Decision:
-        name = prep.record
-        record = self.state.record(name)
-        if prep.step.name in self.options.force:
-            return Decision(name, "run", "forced (--force)")
-        if record is None:
-            return Decision(name, "run", "no record yet")
-        status = record.get("status")
-        if status == "started":
-            when = iso(record.get("started"))
-            if crashed_ok:
-                return Decision(
-                    name, "run", f"an earlier run stopped inside this step (started {when}, never finished)"
-                )
-            return Decision(name, "run", f"started {when} and not finished (running now, or crashed)")
-        if status == "interrupted":
-            return Decision(name, "run", f"interrupted last time ({iso(record.get('finished'))})")
-        if status == "failed":
-            error = str(record.get("error", "")).splitlines()[0:1]
-            return Decision(name, "run", "failed last time" + (f": {error[0]}" if error else ""))
-        if status != "done":
-            return Decision(name, "run", f"unknown recorded status {status!r}")
-        if record.get("fingerprint") != prep.fingerprint:
-            masked_spec = self.masker.mask_data(prep.spec)
-            changes = spec_changes(record.get("spec"), masked_spec)
-            if changes and isinstance(record.get("spec"), dict):
-                try:
-                    changes = [
-                        self.masker.mask(c) for c in prep.instance.describe_changes(prep.ctx, record["spec"], changes)
-                    ]
-                except (StepError, OSError):
-                    pass
-            old_up = record.get("upstream", {})
-            moved = [d for d in prep.upstream if old_up.get(d) != prep.upstream[d]]
-            if changes:
-                decision = Decision(name, "run", "spec changed: " + "; ".join(changes), changes)
-            elif moved:
-                decision = Decision(name, "run", "upstream changed: " + ", ".join(moved))
-            else:
-                decision = Decision(name, "run", "inputs changed")
+        """Look at what runner.decide asks for (the record always; the changes or the probe), then decide."""
+        record = self.record(prep.record)
+        forced = prep.step.name in self.options.force
+        changes: list[str] = []
+        live: str | None = None
+        probe: Probe | None = None
+        looking = to_observe(record, prep.fingerprint, forced)
+        if looking == "changes" and record is not None:
+            changes = self._changes(prep, record)
             live = self._live_work(prep)
-            if live:
-                return Decision(
-                    name,
-                    "pending",
-                    f"restart pending ({decision.reason}); {live}; `apply --force {prep.step.name}` restarts it",
-                    decision.changes,
-                )
-            return decision
-        probe = self._probe(prep)
-        if probe.status != "ok":
-            reason = self.masker.mask(probe.reason or probe.status)
-            return Decision(name, "run", reason, list(probe.changes))
-        return Decision(name, "ok", probe.reason or "up to date")
+        elif looking == "probe":
+            found = self._probe(prep)
+            probe = Probe(found.status, self.masker.mask(found.reason), found.changes)
+        return decide(
+            prep.record,
+            record,
+            fingerprint=prep.fingerprint,
+            upstream=prep.upstream,
+            forced=forced,
+            step=prep.step.name,
+            crashed_ok=crashed_ok,
+            changes=changes,
+            live=live,
+            probe=probe,
+        )
+
+    def record(self, name: str) -> StepRecord | None:
+        return StepRecord.of(self.state.record(name))
+
+    def _changes(self, prep: Prepared, record: StepRecord) -> list[str]:
+        """The spec's field-level changes since the record, in the kind's own terms where it has them."""
+        changes = spec_changes(record.spec, self.masker.mask_data(prep.spec))
+        if changes and record.spec is not None:
+            try:
+                changes = [self.masker.mask(c) for c in prep.instance.describe_changes(prep.ctx, record.spec, changes)]
+            except (StepError, OSError):
+                pass
+        return changes
 
     def _live_work(self, prep: Prepared) -> str | None:
         try:
@@ -364,9 +351,9 @@ class Engine:
             return Probe.missing(f"probe failed: {exc}")
 
     def _adopt_record(self, name: str) -> None:
-        record = self.state.record(name) or {}
-        self.outputs[name] = {**(record.get("outputs") or {}), **self.secrets.get(name)}
-        self.digests[name] = str(record.get("output_digest", "none"))
+        record = self.record(name) or StepRecord({})
+        self.outputs[name] = {**record.outputs, **self.secrets.get(name)}
+        self.digests[name] = record.output_digest
 
     # ---- plan -----------------------------------------------------------------------------------------
 
@@ -538,7 +525,7 @@ class Engine:
         decision = self.decide(prep, crashed_ok=True)
         if decision.action in ("ok", "pending"):
             self._adopt_record(name)
-            kept = dict((self.state.record(name) or {}).get("outputs") or {})
+            kept = (self.record(name) or StepRecord({})).outputs
             result = Result(name, decision.action, decision.reason, time.monotonic() - started, outputs=kept)
             self.reporter.step_finished(result)
             return result
@@ -564,7 +551,7 @@ class Engine:
         if items is None:
             return self._skipped(step)
         ran = 0
-        kept: list[dict[str, Any]] = []
+        kept: list[StepRecord] = []
         for item in items:
             self.reporter.progress(name, item.index, len(items), "items")
             log_path = log_dir / f"{name}[{item.key}].log"
@@ -588,37 +575,29 @@ class Engine:
                         attempts=outcome.attempts,
                     )
                 ran += 1
-            record = self.state.record(prep.record) or {}
-            kept.append(record)
+            kept.append(self.record(prep.record) or StepRecord({}))
         self.reporter.progress(name, len(items), len(items), "items")
-        outputs = [
-            {**(r.get("outputs") or {}), **self.secrets.get(f"{name}[{i.key}]")}
-            for r, i in zip(kept, items, strict=True)
-        ]
+        outputs = [{**r.outputs, **self.secrets.get(f"{name}[{i.key}]")} for r, i in zip(kept, items, strict=True)]
         keys = [i.key for i in items]
         aggregate = {"items": outputs, "keys": keys, "count": len(items)}
-        output_digest = digest({"items": [r.get("output_digest") for r in kept], "keys": keys})
+        output_digest = digest({"items": [r.recorded_output_digest for r in kept], "keys": keys})
         self.outputs[name] = aggregate
         self.digests[name] = output_digest
-        previous = self.state.record(name) or {}
-        if ran or previous.get("output_digest") != output_digest or previous.get("status") != "done":
-            masked = self.masker.mask_data(
-                {"items": [r.get("outputs") or {} for r in kept], "keys": keys, "count": len(items)}
+        previous = self.record(name)
+        if ran or previous is None or previous.output_digest != output_digest or not previous.is_done:
+            masked = self.masker.mask_data({"items": [r.outputs for r in kept], "keys": keys, "count": len(items)})
+            assert isinstance(masked, dict)
+            record = StepRecord.loop_done(
+                kind=step.kind,
+                keys=keys,
+                items=kept,
+                outputs=masked,
+                output_digest=output_digest,
+                finished=now(),
+                duration=time.monotonic() - started,
+                run=self.run_id,
             )
-            self.state.replace(
-                name,
-                {
-                    "status": "done",
-                    "kind": step.kind,
-                    "for_each": keys,
-                    "fingerprint": digest({"items": [r.get("fingerprint") for r in kept]}),
-                    "outputs": masked,
-                    "output_digest": output_digest,
-                    "finished": now(),
-                    "duration": time.monotonic() - started,
-                    "run": self.run_id,
-                },
-            )
+            self.state.replace(name, record.to_dict())
         current = {f"{name}[{k}]" for k in keys}
         for stale in [n for n in self.state.steps if n.startswith(f"{name}[") and n not in current]:
             self.state.replace(stale, None)  # an item no longer in the list
@@ -646,7 +625,8 @@ class Engine:
         else:
             prep.ctx.on_output = lambda line: self.reporter.output_quiet(name, line)
         begin = now()
-        self.state.update(name, status="started", started=begin, run=self.run_id, pid=os.getpid(), log=str(log_path))
+        begun = StepRecord.starting(self.record(name), begin, self.run_id, os.getpid(), str(log_path))
+        self.state.replace(name, begun.to_dict())
         faults.point("started")
         attempts = 0
 
@@ -679,14 +659,7 @@ class Engine:
             message = self.masker.mask(exc.message if isinstance(exc, StepError) else "interrupted")
             if interrupted:
                 message = "interrupted"
-            self.state.update(
-                name,
-                status="interrupted" if interrupted else "failed",
-                finished=now(),
-                duration=duration,
-                attempts=attempts,
-                error=message,
-            )
+            self.state.replace(name, begun.ended(interrupted, now(), duration, attempts, message).to_dict())
             result = Result(
                 name,
                 "interrupted" if interrupted else "failed",
@@ -707,9 +680,7 @@ class Engine:
                 message = self.masker.mask(f"{exc.strerror}{where}")
             else:
                 message = self.masker.mask(f"internal error in the {prep.step.kind} step: {type(exc).__name__}: {exc}")
-            self.state.update(
-                name, status="failed", finished=now(), duration=duration, attempts=attempts, error=message
-            )
+            self.state.replace(name, begun.ended(False, now(), duration, attempts, message).to_dict())
             result = Result(
                 name, "failed", decision.reason, duration, error=message, log=str(log_path), attempts=attempts
             )
@@ -730,25 +701,22 @@ class Engine:
         if name == prep.step.name:  # an item's outputs reach later steps through its step's `items`
             self.outputs[name] = dict(outputs)
             self.digests[name] = output_digest
-        self.state.replace(
-            name,
-            {
-                "status": "done",
-                "kind": prep.step.kind,
-                "fingerprint": prep.fingerprint,
-                "spec": self.masker.mask_data(prep.spec),
-                "upstream": prep.upstream,
-                "outputs": masked_outputs,
-                "output_digest": output_digest,
-                "started": begin,
-                "finished": now(),
-                "duration": duration,
-                "attempts": attempts,
-                "run": self.run_id,
-                "reason": decision.reason,
-                "log": str(log_path) if log_path.exists() else "",
-            },
+        done = StepRecord.done(
+            kind=prep.step.kind,
+            fingerprint=prep.fingerprint,
+            spec=self.masker.mask_data(prep.spec),
+            upstream=prep.upstream,
+            outputs=masked_outputs,
+            output_digest=output_digest,
+            started=begin,
+            finished=now(),
+            duration=duration,
+            attempts=attempts,
+            run=self.run_id,
+            reason=decision.reason,
+            log=str(log_path) if log_path.exists() else "",
         )
+        self.state.replace(name, done.to_dict())
         status: Status = "changed" if prep.instance.changes_system else "ok"
         shown = {k: v for k, v in masked_outputs.items() if k not in secret_keys}
         # a check that ran and passed says so, not just why it ran
@@ -781,19 +749,19 @@ class Engine:
             lines.append(f"  decision: {decision.action} - {decision.reason}")
             for change in decision.changes:
                 lines.append(f"    {change}")
-        record = self.state.record(name)
+        record = self.record(name)
         if record is None:
             lines.append("  record: none (it has never finished)")
         else:
             lines.append(
-                f"  record: {record.get('status')}, finished {iso(record.get('finished'))}"
-                + (f", took {record['duration']:.2f}s" if isinstance(record.get("duration"), (int, float)) else "")
-                + (f", {record.get('attempts')} attempt(s)" if record.get("attempts") else "")
+                f"  record: {record.status or None}, finished {iso(record.finished)}"
+                + (f", took {record.duration:.2f}s" if record.duration is not None else "")
+                + (f", {record.attempts} attempt(s)" if record.attempts else "")
             )
-            if record.get("error"):
-                lines.append(f"    last error: {record['error']}")
-            if record.get("outputs"):
-                shown = json.dumps(record["outputs"], sort_keys=True, default=str)
+            if record.error:
+                lines.append(f"    last error: {record.error}")
+            if record.outputs:
+                shown = json.dumps(record.outputs, sort_keys=True, default=str)
                 lines.append(f"    outputs: {shown[:400]}{'...' if len(shown) > 400 else ''}")
         if step.common.for_each is not None:
             try:
@@ -803,8 +771,8 @@ class Engine:
             else:
                 lines.append(f"  items: {len(items)}")
                 for item in items:
-                    rec = self.state.record(f"{name}[{item.key}]")
-                    lines.append(f"    {item.key}: {rec.get('status') if rec else 'no record'}")
+                    rec = self.record(f"{name}[{item.key}]")
+                    lines.append(f"    {item.key}: {rec.status if rec else 'no record'}")
             return "\n".join(lines)
         try:
             prep = self.prepare(step)
@@ -820,18 +788,18 @@ class Engine:
                 ""
                 if record is None
                 else " (same as recorded)"
-                if record.get("fingerprint") == prep.fingerprint
-                else f" (recorded: {str(record.get('fingerprint'))[:16]})"
+                if record.fingerprint == prep.fingerprint
+                else f" (recorded: {str(record.fingerprint)[:16]})"
             )
         )
         for dep, value in sorted(prep.upstream.items()):
-            old = (record or {}).get("upstream", {}).get(dep)
+            old = record.upstream.get(dep) if record else None
             moved = "" if record is None or old == value else " (changed since the record)"
             lines.append(f"    upstream {dep}: {value[:16]}{moved}")
         spec = json.dumps(self.masker.mask_data(prep.spec), indent=2, sort_keys=True, default=str)
         lines.append("  spec (rendered):")
         lines += ["    " + line for line in spec.splitlines()]
-        if record is not None and record.get("status") == "done":
+        if record is not None and record.is_done:
             probe = self._probe(prep)
             lines.append(f"  probe: {probe.status}" + (f" - {self.masker.mask(probe.reason)}" if probe.reason else ""))
         return "\n".join(lines)
@@ -870,26 +838,16 @@ class Engine:
         with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
             self.load_state()
             prep = self._prepare_through(name)
-            previous = self.state.record(name) or {}
-            outputs = previous.get("outputs") or {}
-            self.state.replace(
-                name,
-                {
-                    "status": "done",
-                    "kind": prep.step.kind,
-                    "fingerprint": prep.fingerprint,
-                    "spec": self.masker.mask_data(prep.spec),
-                    "upstream": prep.upstream,
-                    "outputs": outputs,
-                    "output_digest": digest({"fingerprint": prep.fingerprint, "outputs": outputs}),
-                    "started": now(),
-                    "finished": now(),
-                    "duration": 0.0,
-                    "attempts": 0,
-                    "run": self.run_id,
-                    "reason": "marked done by hand",
-                },
+            marked = StepRecord.marked_done(
+                self.record(name),
+                kind=prep.step.kind,
+                fingerprint=prep.fingerprint,
+                spec=self.masker.mask_data(prep.spec),
+                upstream=prep.upstream,
+                when=now(),
+                run=self.run_id,
             )
+            self.state.replace(name, marked.to_dict())
             self.state.compact()
 
     def stop(self, name: str) -> str:
@@ -929,8 +887,7 @@ class Engine:
             path = prep.instance.log_file(prep.ctx)
             if path is not None:
                 return path
-        record = self.state.record(name) or {}
-        log = record.get("log")
+        log = (self.record(name) or StepRecord({})).log or None
         return Path(log) if isinstance(log, str) and log else None
 
     def exported_env(self) -> dict[str, str]:
