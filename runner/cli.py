@@ -172,7 +172,6 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "graph":
         from runner.graph import to_dot, to_mermaid, to_text
 
-        assert pipeline.graph is not None
         render = {"text": lambda g: to_text(g, pipeline), "dot": to_dot, "mermaid": to_mermaid}[args.format]
         print(render(pipeline.graph))
         return EXIT_OK

@@ -22,7 +22,7 @@ from types import FrameType
 from typing import Any
 
 from pydantic import ValidationError
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_fixed
+from tenacity import retry_if_exception_type, wait_fixed
 
 from runner.decide import decide, to_observe
 from runner.errors import InputError
@@ -36,6 +36,8 @@ from runner.state import StateStore, check_writable, iso, lock_holder, now, pipe
 from runner.template import Facts, Outputs, RenderError, render_data, render_string, render_value, when_source
 from steps import kind_class
 from steps._support import faults
+from steps._support.retry import retrying
+from steps._support.words import FALSE_WORDS, TRUE_WORDS
 from steps.base import Probe, StepContext, StepError, StepKind
 
 KEPT_RUNS = 20
@@ -101,9 +103,7 @@ class Engine:
         self.exports: dict[str, dict[str, str]] = {}
         self.cancel = threading.Event()
         self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
-        graph = pipeline.graph
-        assert graph is not None
-        self.graph = graph
+        self.graph = pipeline.graph
         self._check_names()
 
     def load_state(self) -> None:
@@ -173,9 +173,9 @@ class Engine:
         except RenderError as exc:
             raise self._render_error(step, exc) from None
         word = text.strip().lower()
-        if word in {"true", "yes", "1", "on"}:
+        if word in TRUE_WORDS:
             return True
-        if word in {"false", "no", "0", "off", "", "none"}:
+        if word in FALSE_WORDS:
             return False
         raise self._render_error(step, RenderError(f"`when` rendered to {text!r}, not true or false", ("when",)))
 
@@ -383,7 +383,7 @@ class Engine:
                 decisions[name] = Decision(name, "block", reason)
                 continue
             if name not in selected:
-                if step.kind == "env":
+                if step.exports_env:
                     with contextlib.suppress(InputError):
                         self.prepare(step)
                 continue
@@ -505,7 +505,7 @@ class Engine:
     def _unselected(self, name: str) -> Result:
         step = self.pipeline.step(name)
         self._adopt_record(name)
-        if step.kind == "env":
+        if step.exports_env:
             with contextlib.suppress(InputError):
                 self.prepare(step)
         return Result(name, "unselected")
@@ -630,24 +630,23 @@ class Engine:
         faults.point("started")
         attempts = 0
 
-        def before_sleep(retry_state: RetryCallState) -> None:
-            exc = retry_state.outcome.exception() if retry_state.outcome else None
+        def before_retry(attempt: int, exc: BaseException | None) -> None:
             message = exc.message if isinstance(exc, StepError) else str(exc)
             self.reporter.notice(
-                f"{name}: attempt {retry_state.attempt_number} of {common.retries + 1} failed: "
+                f"{name}: attempt {attempt} of {common.retries + 1} failed: "
                 f"{self.masker.mask(message)}; retrying in {common.retry_delay:g}s"
             )
 
-        retrying = Retrying(
-            stop=stop_after_attempt(common.retries + 1),
+        retries = retrying(
+            attempts=common.retries + 1,
             wait=wait_fixed(common.retry_delay),
             retry=retry_if_exception_type(StepError),
-            reraise=True,
-            before_sleep=before_sleep,
-            sleep=self._sleep,
+            cancel=self.cancel,
+            interrupted=_Cancelled,
+            before_retry=before_retry,
         )
         try:
-            for attempt in retrying:
+            for attempt in retries:
                 with attempt:
                     attempts += 1
                     if self.cancel.is_set():
@@ -725,12 +724,6 @@ class Engine:
         result = Result(name, status, reason, duration, log=str(log_path), attempts=attempts, outputs=shown, note=note)
         self.reporter.step_finished(result)
         return result
-
-    def _sleep(self, seconds: float) -> None:
-        if self.cancel.wait(seconds):
-            raise _Cancelled()
-
-    # ---- explain --------------------------------------------------------------------------------------
 
     def explain(self, name: str) -> str:
         """One step's full reasoning, as plan would reach it: what it is, what it depends on, its rendered
@@ -828,7 +821,7 @@ class Engine:
                 if prep is None:
                     raise InputError(f"step {name!r} is skipped (`when` is false)")
                 return prep
-            if step.kind == "env":
+            if step.exports_env:
                 with contextlib.suppress(InputError):
                     self.prepare(step)
         raise InputError(f"no step named {name!r}")
@@ -897,7 +890,7 @@ class Engine:
         for name in self.graph.order():
             step = self.pipeline.step(name)
             self._adopt_record(name)
-            if step.kind == "env":
+            if step.exports_env:
                 prep = self.prepare(step)
                 if prep is not None:
                     merged.update(self.exports[name])

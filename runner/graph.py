@@ -15,11 +15,13 @@ container's first start).
 from __future__ import annotations
 
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from runner.model import Pipeline
+    from runner.load import MarkedData
+    from runner.model import Pipeline, StepDecl
 
 
 @dataclass
@@ -68,23 +70,23 @@ class Graph:
         return seen
 
 
-def build_graph(pipeline: Pipeline) -> Graph:
-    names = [s.name for s in pipeline.steps]
+def build_graph(steps: Sequence[StepDecl], marks: MarkedData) -> Graph:
+    names = [s.name for s in steps]
     deps: dict[str, list[str]] = {}
     after: dict[str, list[str]] = {}
     env_steps: list[str] = []
     frontier: list[str] = []  # earlier steps nothing later has waited on yet
-    for step in pipeline.steps:
+    for step in steps:
         data = list(dict.fromkeys([*step.common.needs, *sorted(step.refs), *env_steps]))
         deps[step.name] = data
-        if step.declares_needs or step.kind == "env":
+        if step.declares_needs or step.exports_env:
             order = data
         else:
             order = list(dict.fromkeys([*data, *frontier]))
         after[step.name] = order
         waited = set(order)
         frontier = [n for n in frontier if n not in waited] + [step.name]
-        if step.kind == "env":
+        if step.exports_env:
             env_steps.append(step.name)
     dependents: dict[str, list[str]] = {n: [] for n in names}
     for name in names:
@@ -93,8 +95,8 @@ def build_graph(pipeline: Pipeline) -> Graph:
     graph = Graph(names=names, deps=deps, after=after, dependents=dependents)
     cycle = find_cycle(graph)
     if cycle:
-        first = pipeline.step(cycle[0])
-        raise pipeline.marks.error(
+        first = next(s for s in steps if s.name == cycle[0])
+        raise marks.error(
             ("steps", first.index, "needs"),
             "dependency cycle: " + " -> ".join([*cycle, cycle[0]]),
             field=f"steps[{first.index}] ({first.name}).needs",

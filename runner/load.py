@@ -6,6 +6,7 @@ every value and every key by its path, so a pydantic error at ``steps[2].run.com
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import os
 from pathlib import Path
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ValidationError
 from runner.errors import InputError
 from runner.model import COMMON_FIELDS, TOP_LEVEL_FIELDS, Pipeline, PipelineHeader, StepCommon, StepDecl
 from steps import KINDS, kind_class
+from steps._support.words import is_template
 
 Path_ = tuple[str | int, ...]
 Mark = tuple[int, int]
@@ -223,7 +225,7 @@ def validation_errors(
         kind = first["type"]
         if skip_templates:
             value = _lookup(raw, loc)
-            if isinstance(value, str) and ("{{" in value or "{%" in value):
+            if is_template(value):
                 continue  # checked again once the template is rendered
         if kind == "extra_forbidden":
             key = str(loc[-1]) if loc else "?"
@@ -368,6 +370,7 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
                 common=common,
                 raw=spec_raw,
                 declares_needs="needs" in step_raw,
+                exports_env=kind_class(kind).exports_env,
             )
         )
 
@@ -389,19 +392,21 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
     variables = dict(header.vars)
     for key, value in overrides.items():
         variables[key] = value
+    # Imported here: graph and template checks need every step.
+    from runner.graph import build_graph
+    from runner.template import check_templates
+
+    refs = check_templates(steps, variables, data)
+    complete = tuple(dataclasses.replace(s, refs=frozenset(refs[s.name])) for s in steps)
     pipeline = Pipeline(
         name=header.name or file.stem,
         description=header.description,
         vars=variables,
         secrets=list(header.secrets),
-        steps=steps,
+        steps=complete,
         file=file,
         marks=data,
+        graph=build_graph(complete, data),
+        by_name={s.name: s for s in complete},
     )
-    # Imported here: graph and template checks need the whole pipeline.
-    from runner.graph import build_graph
-    from runner.template import check_templates
-
-    check_templates(pipeline)
-    pipeline.graph = build_graph(pipeline)
     return pipeline

@@ -68,7 +68,7 @@ COMMON_FIELDS = tuple(StepCommon.model_fields)
 TOP_LEVEL_FIELDS = (*PipelineHeader.model_fields, "steps")
 
 
-@dataclass
+@dataclass(frozen=True)
 class StepDecl:
     """One step as declared: its common fields and the raw (unrendered) spec of its kind."""
 
@@ -78,19 +78,23 @@ class StepDecl:
     common: StepCommon
     raw: Any
     declares_needs: bool = False
-    refs: set[str] = field(default_factory=set)  # steps its templates reference
+    refs: frozenset[str] = frozenset()  # steps its templates reference
+    exports_env: bool = False  # its kind exports variables to every later step (the contract's exports_env)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Pipeline:
+    """A loaded pipeline, complete: its steps (templates checked, references known) and their graph."""
+
     name: str
     description: str | None
     vars: dict[str, Any]
     secrets: list[str]
-    steps: list[StepDecl]
+    steps: tuple[StepDecl, ...]
     file: Path
     marks: MarkedData
-    graph: Graph | None = None
+    graph: Graph
+    by_name: dict[str, StepDecl] = field(default_factory=dict, compare=False)
 
     @property
     def dir(self) -> Path:
@@ -101,7 +105,4 @@ class Pipeline:
         return self.dir / ".runner"
 
     def step(self, name: str) -> StepDecl:
-        for s in self.steps:
-            if s.name == name:
-                return s
-        raise KeyError(name)
+        return self.by_name[name]

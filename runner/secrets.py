@@ -82,7 +82,7 @@ class SecretStore:
 
     def put(self, name: str, values: dict[str, str] | None) -> None:
         from runner.errors import StateError
-        from runner.state import atomic_write
+        from steps._support.files import atomic_write
 
         with self._lock:
             if values:
@@ -93,6 +93,11 @@ class SecretStore:
                 return
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(self.path, json.dumps(self.data, indent=1, sort_keys=True) + "\n", mode=0o600)
+                atomic_write(
+                    self.path,
+                    json.dumps(self.data, indent=1, sort_keys=True) + "\n",
+                    mode=0o600,
+                    crash_point="snapshot",
+                )
             except OSError as exc:
                 raise StateError(f"cannot write {self.path}: {exc.strerror}; the previous secrets are kept") from None

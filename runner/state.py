@@ -17,7 +17,6 @@ import json
 import os
 import socket
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from typing import Any
 
 from runner.errors import LockedError, StateError
 from steps._support import faults
+from steps._support.files import atomic_write
 
 SCHEMA_VERSION = 1
 COMPACT_MIN = 64  # journal entries before a snapshot, at the least
@@ -39,28 +39,6 @@ def iso(ts: float | None) -> str:
     if ts is None:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
-
-
-def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        faults.point("snapshot")
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 class StateStore:
@@ -218,7 +196,7 @@ class StateStore:
         data = {**self.data, "generation": old + 1}
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n")
+            atomic_write(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n", crash_point="snapshot")
         except OSError as exc:
             raise StateError(f"cannot write {self.path}: {exc.strerror}; the previous state is kept") from None
         self.data = data

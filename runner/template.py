@@ -16,7 +16,7 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -24,14 +24,14 @@ from jinja2 import nodes
 from jinja2.sandbox import SandboxedEnvironment
 
 if TYPE_CHECKING:
-    from runner.model import Pipeline
+    from runner.load import MarkedData
+    from runner.model import StepDecl
+
+from steps._support.words import TEMPLATE_MARKERS, TRUE_WORDS, is_template
+
+__all__ = ["TEMPLATE_MARKERS", "is_template"]
 
 CONTEXT_NAMES = frozenset({"vars", "env", "facts", "steps"})
-TEMPLATE_MARKERS = ("{{", "{%", "{#")
-
-
-def is_template(text: str) -> bool:
-    return any(m in text for m in TEMPLATE_MARKERS)
 
 
 def _quote(value: Any) -> str:
@@ -40,7 +40,7 @@ def _quote(value: Any) -> str:
 
 def _bool(value: Any) -> bool:
     if isinstance(value, str):
-        return value.strip().lower() in {"true", "yes", "1", "on"}
+        return value.strip().lower() in TRUE_WORDS
     return bool(value)
 
 
@@ -337,11 +337,11 @@ def _private_attributes(source: str) -> str | None:
     return None
 
 
-def check_templates(pipeline: Pipeline) -> None:
-    """Syntax, unknown names, unknown vars and unknown steps, at load time; records step references."""
-    names = {s.name for s in pipeline.steps}
-    marks = pipeline.marks
-    for step in pipeline.steps:
+def check_templates(steps: Sequence[StepDecl], variables: Mapping[str, Any], marks: MarkedData) -> dict[str, set[str]]:
+    """Syntax, unknown names, unknown vars and unknown steps, at load time; returns each step's references."""
+    names = {s.name for s in steps}
+    refs: dict[str, set[str]] = {s.name: set() for s in steps}
+    for step in steps:
         sources: list[tuple[tuple[str | int, ...], str, str]] = []
         for path, text in iter_strings(step.raw, ("steps", step.index, step.kind)):
             if is_template(text):
@@ -380,8 +380,8 @@ def check_templates(pipeline: Pipeline) -> None:
                 )
             allowed = CONTEXT_NAMES | ({"item", "item_index"} if loop is not None else set())
             for root, attr, guarded in uses:
-                if root == "vars" and attr not in pipeline.vars and not guarded:
-                    known = ", ".join(sorted(pipeline.vars)) or "none"
+                if root == "vars" and attr not in variables and not guarded:
+                    known = ", ".join(sorted(variables)) or "none"
                     raise marks.error(
                         path, f"undefined template variable vars.{attr} (vars defined: {known})", field=field
                     )
@@ -390,7 +390,8 @@ def check_templates(pipeline: Pipeline) -> None:
                         raise marks.error(path, f"template references unknown step {attr!r}", field=field)
                     if attr == step.name:
                         raise marks.error(path, "a step cannot reference its own outputs", field=field)
-                    step.refs.add(attr)
+                    refs[step.name].add(attr)
+    return refs
 
 
 # ---- facts: computed on first use -----------------------------------------------------------------------

@@ -27,10 +27,8 @@ from pydantic import Field, field_validator, model_validator
 
 from steps._support.files import expand
 from steps._support.process import run_process
+from steps._support.words import FALSE_WORDS, TRUE_WORDS, argv_of, is_template
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
-
-TRUE_WORDS = {"true", "yes", "1", "on"}
-FALSE_WORDS = {"false", "no", "0", "off", "", "none"}
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
@@ -63,7 +61,7 @@ class AssertSpec(SpecModel):
     @field_validator("kernel")
     @classmethod
     def _kernel(cls, value: str | None) -> str | None:
-        if value is not None and "{{" not in value:
+        if value is not None and not is_template(value):
             version_tuple(value)
         return value
 
@@ -140,7 +138,7 @@ class AssertStep(StepKind[AssertSpec]):
             elif word not in TRUE_WORDS:
                 failures.append(f"condition is neither true nor false: {spec.that!r}")
         if spec.command is not None and run_commands:
-            argv = ["/bin/sh", "-c", spec.command] if isinstance(spec.command, str) else spec.command
+            argv = argv_of(spec.command)
             try:
                 result = run_process(argv, ctx, cwd=ctx.pipeline_dir, env=ctx.env)
             except StepError as exc:

@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from steps._support.process import run_process
+from steps._support.words import argv_of
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
 
@@ -68,7 +69,7 @@ class CaptureStep(StepKind[CaptureSpec]):
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         spec = self.spec
-        argv = ["/bin/sh", "-c", spec.command] if isinstance(spec.command, str) else list(spec.command)
+        argv = argv_of(spec.command)
         shown = spec.command if isinstance(spec.command, str) else " ".join(spec.command)
         if spec.container:
             code, out = self._exec(ctx, argv)

@@ -12,7 +12,6 @@ The variables reach every later step whether or not this step runs, and are writ
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 
 from pydantic import RootModel, field_validator
 
+from steps._support.files import atomic_write
 from steps.base import Probe, StepContext, StepKind, env_mapping
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -50,14 +50,7 @@ def env_file_text(variables: dict[str, str]) -> str:
 
 def write_env_file(path: Path, variables: dict[str, str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(env_file_text(variables))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    atomic_write(path, env_file_text(variables), mode=0o600)
 
 
 class EnvStep(StepKind[EnvSpec]):

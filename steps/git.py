@@ -187,24 +187,25 @@ class GitStep(StepKind[GitSpec]):
     def _with_retries(self, ctx: StepContext, what: str, action: Any) -> None:
         spec = self.spec
 
-        def before_sleep(state: Any) -> None:
-            exc = state.outcome.exception() if state.outcome else None
+        def before_retry(attempt: int, exc: BaseException | None) -> None:
             ctx.notice(
-                f"{ctx.name}: {what} attempt {state.attempt_number} of {spec.attempts} failed "
+                f"{ctx.name}: {what} attempt {attempt} of {spec.attempts} failed "
                 f"({getattr(exc, 'message', exc)}); retrying"
             )
 
-        from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential  # only to clone
+        from tenacity import retry_if_exception, wait_exponential  # only to clone
 
-        retrying = Retrying(
-            stop=stop_after_attempt(spec.attempts),
+        from steps._support.retry import retrying
+
+        tries = retrying(
+            attempts=spec.attempts,
             wait=wait_exponential(multiplier=0.5, max=8),
             retry=retry_if_exception(_is_network),
-            reraise=True,
-            before_sleep=before_sleep,
-            sleep=lambda s: _sleep(ctx, s),
+            cancel=ctx.cancel,
+            interrupted=lambda: StepError("interrupted"),
+            before_retry=before_retry,
         )
-        for attempt in retrying:
+        for attempt in tries:
             with attempt:
                 action()
 
@@ -397,8 +398,3 @@ def _last_error(text: str) -> str:
     errors = [line for line in lines if line.lower().startswith(("fatal:", "error:"))]
     chosen = errors[-1] if errors else (lines[-1] if lines else "no output")
     return chosen.strip()
-
-
-def _sleep(ctx: StepContext, seconds: float) -> None:
-    if ctx.cancel.wait(seconds):
-        raise StepError("interrupted")

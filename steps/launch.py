@@ -37,6 +37,7 @@ from steps._support.files import check_patterns, expand
 from steps._support.process import run_process
 from steps._support.ray_jobs import RayJob, RaySpec
 from steps._support.supervise import start_time, write
+from steps._support.words import argv_of
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
 SUPERVISOR = Path(__file__).parent / "_support" / "supervise.py"
@@ -187,7 +188,7 @@ class LaunchStep(StepKind[LaunchSpec]):
 
     def _argv(self) -> list[str]:
         command = self.spec.command
-        return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        return argv_of(command)
 
     def _env(self, ctx: StepContext) -> dict[str, str]:
         return {**ctx.env, **self.spec.env}

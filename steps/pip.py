@@ -36,8 +36,9 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from steps._support.files import content_digest
+from steps._support.files import atomic_write, content_digest
 from steps._support.process import run_process
+from steps._support.words import is_template
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
 
 QUERY = r"""
@@ -137,9 +138,7 @@ def query(python: str, env: Mapping[str, str], cache_dir: Path | None = None) ->
         target = _cache_file(cache_dir, python)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f"{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps({"stamp": _stamp(python, data.get("path", [])), "data": data}))
-            os.replace(tmp, target)
+            atomic_write(target, json.dumps({"stamp": _stamp(python, data.get("path", [])), "data": data}))
         except OSError:
             pass  # a cache only
     return data
@@ -183,7 +182,7 @@ class PipSpec(SpecModel):
         from packaging.requirements import InvalidRequirement, Requirement
 
         for item in value:
-            if "{{" in item or "{%" in item:
+            if is_template(item):
                 continue  # checked again once rendered
             try:
                 Requirement(item)

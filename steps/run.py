@@ -20,6 +20,7 @@ from pydantic import Field, field_validator, model_validator
 
 from steps._support.files import check_patterns, content_digest, expand
 from steps._support.process import run_process
+from steps._support.words import argv_of
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
 
@@ -81,7 +82,7 @@ class RunStep(StepKind[RunSpec]):
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         spec = self.spec
-        argv = ["/bin/sh", "-c", spec.command] if isinstance(spec.command, str) else spec.command
+        argv = argv_of(spec.command)
         cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
         env = {**ctx.env, **spec.env}
         if "PWD" in env:

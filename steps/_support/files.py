@@ -1,10 +1,16 @@
-"""Path patterns shared by kinds: globs that must exist, and content hashes of input files."""
+"""Files as kinds and the engine use them: globs that must exist, content hashes, and the one atomic write."""
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import hashlib
+import os
+import tempfile
 from pathlib import Path
+
+from steps._support import faults
+from steps._support.words import is_template
 
 GLOB_CHARS = set("*?[")
 
@@ -12,7 +18,7 @@ GLOB_CHARS = set("*?[")
 def check_patterns(patterns: list[str]) -> list[str]:
     """For validators: refuse patterns that cannot mean what was meant (empty, an unclosed `[`, NUL)."""
     for pattern in patterns:
-        if "{{" in pattern or "{%" in pattern:
+        if is_template(pattern):
             continue  # checked once rendered
         if not pattern.strip():
             raise ValueError("an empty path pattern")
@@ -53,3 +59,29 @@ def content_digest(paths: list[Path]) -> dict[str, str]:
                     h.update(chunk)
             digests[str(f)] = h.hexdigest()
     return digests
+
+
+def atomic_write(path: Path, text: str, mode: int = 0o644, crash_point: str | None = None) -> None:
+    """Write `text` to `path` so that a reader sees the old file or the new one, never a torn one: a unique
+    temporary sibling, fsync, chmod `mode`, rename, fsync of the directory. `crash_point` names the
+    reliability tests' kill point just before the rename (steps/_support/faults.py)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        if crash_point:
+            faults.point(crash_point)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)

@@ -32,6 +32,8 @@ def start_time(pid: int) -> str | None:
 
 
 def write(path: str, data: dict[str, object]) -> None:
+    """The job file, atomically. Its own small copy of files.atomic_write: this script runs as a file by any
+    interpreter, with no project package on its path, so it imports nothing of the project."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(data, fh)
