@@ -99,22 +99,22 @@ class GitStep(StepKind[GitSpec]):
         line = f"ref: {old_ref or 'HEAD'}" + (f"@{was}" if was else "") + f" -> {spec.ref or 'HEAD'}{new}"
         return [line if c.startswith("ref:") else c for c in changes]
 
-    def _local_url(self, ctx: StepContext) -> None:
+    def _url(self, ctx: StepContext) -> str:
         """A url that starts with ./ or ../ is a path relative to the pipeline file (a bundle shipped beside it)."""
         url = self.spec.url
-        if url.startswith(("./", "../")):
-            self.spec = self.spec.model_copy(update={"url": os.fspath(ctx.resolve(url))})
+        return os.fspath(ctx.resolve(url)) if url.startswith(("./", "../")) else url
 
     def probe(self, ctx: StepContext) -> Probe:
-        self._local_url(ctx)
         spec = self.spec
         dest = ctx.resolve(spec.dest)
         gitdir = git_dir(dest)
         if gitdir is None:
             return Probe.missing(f"{spec.dest} is not a clone yet")
         url = origin_url(gitdir)
-        if not same_url(url, spec.url):
-            return Probe.drift(f"origin of {spec.dest} is {url}, not {spec.url}", (f"url: {url} -> {spec.url}",))
+        if not same_url(url, self._url(ctx)):
+            return Probe.drift(
+                f"origin of {spec.dest} is {url}, not {self._url(ctx)}", (f"url: {url} -> {self._url(ctx)}",)
+            )
         commit, branch = head(gitdir)
         recorded = str(ctx.record_outputs.get("commit", ""))
         if not commit:
@@ -139,23 +139,22 @@ class GitStep(StepKind[GitSpec]):
     def _remote_head(self, ctx: StepContext, ref: str) -> str | None:
         try:
             proc = subprocess.run(
-                ["git", "ls-remote", self.spec.url, ref if ref == "HEAD" else f"refs/heads/{ref}"],
+                ["git", "ls-remote", self._url(ctx), ref if ref == "HEAD" else f"refs/heads/{ref}"],
                 capture_output=True,
                 text=True,
                 timeout=ctx.timeout or 60,
                 env=_git_env(ctx.env),
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
-            raise StepError(f"git ls-remote {self.spec.url} failed: {exc}") from None
+            raise StepError(f"git ls-remote {self._url(ctx)} failed: {exc}") from None
         if proc.returncode != 0:
-            raise StepError(f"git ls-remote {self.spec.url} failed: {proc.stderr.strip()[-300:]}")
+            raise StepError(f"git ls-remote {self._url(ctx)} failed: {proc.stderr.strip()[-300:]}")
         line = proc.stdout.strip().splitlines()
         return line[0].split()[0] if line else None
 
     # ---- apply ----------------------------------------------------------------------------------------
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        self._local_url(ctx)
         spec = self.spec
         dest = ctx.resolve(spec.dest)
         if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
@@ -225,7 +224,7 @@ class GitStep(StepKind[GitSpec]):
                 args += ["--depth", str(spec.depth)]
             if by_name and ref:
                 args += ["--branch", ref]
-            self._git(ctx, [*args, "--", spec.url, str(tmp)], dest.parent, network=True)
+            self._git(ctx, [*args, "--", self._url(ctx), str(tmp)], dest.parent, network=True)
 
         try:
             self._with_retries(ctx, "clone", clone)
@@ -258,7 +257,7 @@ class GitStep(StepKind[GitSpec]):
         self._git(ctx, ["checkout", *force, "--detach", target], repo)
         commit, _ = head(git_dir(repo) or repo / ".git")
         if not commit or not commit.startswith(sha.lower()):
-            raise StepError(f"commit {sha} is not in {self.spec.url}", hint="check `ref`")
+            raise StepError(f"commit {sha} is not in {self._url(ctx)}", hint="check `ref`")
 
     def _converge_existing(self, ctx: StepContext, dest: Path) -> None:
         import git
@@ -267,16 +266,16 @@ class GitStep(StepKind[GitSpec]):
         repo = git.Repo(dest)
         try:
             url = repo.remotes.origin.url if "origin" in [r.name for r in repo.remotes] else None
-            if not same_url(url, spec.url):
+            if not same_url(url, self._url(ctx)):
                 if not spec.force:
                     raise StepError(
-                        f"{dest} is a clone of {url}, not {spec.url}",
+                        f"{dest} is a clone of {url}, not {self._url(ctx)}",
                         hint="fix `url`, move the directory away, or set `force: true` to repoint origin",
                     )
                 if url is None:
-                    repo.create_remote("origin", spec.url)
+                    repo.create_remote("origin", self._url(ctx))
                 else:
-                    repo.remotes.origin.set_url(spec.url)
+                    repo.remotes.origin.set_url(self._url(ctx))
             target, branch = self._target(ctx, repo, dest)
             if (
                 repo.head.is_valid()
@@ -318,7 +317,7 @@ class GitStep(StepKind[GitSpec]):
                 self._with_retries(ctx, "fetch", lambda: self._git(ctx, ["fetch", "origin", ref, *depth], dest, True))
             found = _rev(dest, f"{ref}^{{commit}}", ctx.env) or _rev(dest, "FETCH_HEAD^{commit}", ctx.env)
             if not found or not found.startswith(ref.lower()):
-                raise StepError(f"commit {ref} is not in {spec.url}", hint="check `ref`")
+                raise StepError(f"commit {ref} is not in {self._url(ctx)}", hint="check `ref`")
             return found, None
         tag = _rev(dest, f"refs/tags/{ref}^{{commit}}", ctx.env)
         if tag and not spec.update:
@@ -345,10 +344,10 @@ class GitStep(StepKind[GitSpec]):
                 tag = _rev(dest, f"refs/tags/{ref}^{{commit}}", ctx.env)
                 if tag:
                     return tag, None
-                raise StepError(f"{ref} is neither a branch nor a tag of {spec.url}") from None
+                raise StepError(f"{ref} is neither a branch nor a tag of {self._url(ctx)}") from None
             remote_branch = _rev(dest, f"refs/remotes/origin/{ref}", ctx.env)
         if remote_branch is None:
-            raise StepError(f"{ref} is neither a branch nor a tag of {spec.url}")
+            raise StepError(f"{ref} is neither a branch nor a tag of {self._url(ctx)}")
         return remote_branch, ref
 
 
