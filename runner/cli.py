@@ -172,7 +172,7 @@ def dispatch(args: argparse.Namespace) -> int:
     if args.command == "graph":
         from runner.graph import to_dot, to_mermaid, to_text
 
-        render = {"text": lambda g: to_text(g, pipeline), "dot": to_dot, "mermaid": to_mermaid}[args.format]
+        render = {"text": to_text, "dot": to_dot, "mermaid": to_mermaid}[args.format]
         print(render(pipeline.graph))
         return EXIT_OK
 

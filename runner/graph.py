@@ -17,11 +17,24 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from runner.load import MarkedData
-    from runner.model import Pipeline, StepDecl
+
+@dataclass(frozen=True)
+class Node:
+    """What the graph needs of a step (runner/load.py makes one per step): it imports no other module."""
+
+    name: str
+    kind: str
+    needs: tuple[str, ...]
+    refs: frozenset[str]
+    declares_needs: bool
+    exports_env: bool
+
+
+class CycleError(ValueError):
+    def __init__(self, cycle: list[str]) -> None:
+        super().__init__(" -> ".join([*cycle, cycle[0]]))
+        self.cycle = cycle
 
 
 @dataclass
@@ -30,6 +43,7 @@ class Graph:
     deps: dict[str, list[str]]  # data edges
     after: dict[str, list[str]]  # data edges plus order edges: what must finish before a step starts
     dependents: dict[str, list[str]] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)
 
     def order(self) -> list[str]:
         """A topological order that keeps file order wherever the edges allow."""
@@ -70,14 +84,15 @@ class Graph:
         return seen
 
 
-def build_graph(steps: Sequence[StepDecl], marks: MarkedData) -> Graph:
+def build_graph(steps: Sequence[Node]) -> Graph:
+    """The edges of the module docstring; a dependency cycle raises CycleError."""
     names = [s.name for s in steps]
     deps: dict[str, list[str]] = {}
     after: dict[str, list[str]] = {}
     env_steps: list[str] = []
     frontier: list[str] = []  # earlier steps nothing later has waited on yet
     for step in steps:
-        data = list(dict.fromkeys([*step.common.needs, *sorted(step.refs), *env_steps]))
+        data = list(dict.fromkeys([*step.needs, *sorted(step.refs), *env_steps]))
         deps[step.name] = data
         if step.declares_needs or step.exports_env:
             order = data
@@ -92,15 +107,10 @@ def build_graph(steps: Sequence[StepDecl], marks: MarkedData) -> Graph:
     for name in names:
         for dep in after[name]:
             dependents[dep].append(name)
-    graph = Graph(names=names, deps=deps, after=after, dependents=dependents)
+    graph = Graph(names, deps, after, dependents, {s.name: s.kind for s in steps})
     cycle = find_cycle(graph)
     if cycle:
-        first = next(s for s in steps if s.name == cycle[0])
-        raise marks.error(
-            ("steps", first.index, "needs"),
-            "dependency cycle: " + " -> ".join([*cycle, cycle[0]]),
-            field=f"steps[{first.index}] ({first.name}).needs",
-        )
+        raise CycleError(cycle)
     return graph
 
 
@@ -134,9 +144,9 @@ def find_cycle(graph: Graph) -> list[str] | None:
     return None
 
 
-def to_text(graph: Graph, pipeline: Pipeline) -> str:
+def to_text(graph: Graph) -> str:
     lines = []
-    kinds = {s.name: s.kind for s in pipeline.steps}
+    kinds = graph.kinds
     for name in graph.order():
         deps = graph.deps[name]
         order_only = [d for d in graph.after[name] if d not in deps]

@@ -16,60 +16,14 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from runner.errors import InputError
+from runner.marks import MarkedData, Path_, dotted
 from runner.model import COMMON_FIELDS, TOP_LEVEL_FIELDS, Pipeline, PipelineHeader, StepCommon, StepDecl
 from steps import KINDS, kind_class
 from steps._support.words import is_template
 
-Path_ = tuple[str | int, ...]
-Mark = tuple[int, int]
-
 MAX_NODES = 100_000  # an alias bomb ("billion laughs") stops here
 MAX_DEPTH = 60
 MAX_BYTES = 10 * 1024 * 1024
-
-
-class MarkedData:
-    """Plain data from YAML plus the (line, column) of each value and each mapping key, by path."""
-
-    def __init__(self, file: str) -> None:
-        self.file = file
-        self.values: dict[Path_, Mark] = {}
-        self.keys: dict[Path_, Mark] = {}
-        self.count = 0
-        self.constructor = yaml.constructor.SafeConstructor()
-
-    def mark(self, path: Path_, key: bool = False) -> Mark | None:
-        """The mark of a path, or of its nearest ancestor that has one."""
-        table = self.keys if key else self.values
-        probe = path
-        while True:
-            if probe in table:
-                return table[probe]
-            if key and probe in self.values:
-                return self.values[probe]
-            if not probe:
-                return None
-            probe = probe[:-1]
-
-    def error(self, path: Path_, message: str, *, key: bool = False, field: str | None = None) -> InputError:
-        mark = self.mark(path, key=key)
-        return InputError(
-            message,
-            file=self.file,
-            line=mark[0] if mark else None,
-            column=mark[1] if mark else None,
-            field=field if field is not None else dotted(path),
-        )
-
-
-def dotted(path: Path_) -> str:
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        else:
-            out += f".{part}" if out else str(part)
-    return out
 
 
 # libyaml's parser where PyYAML has it (several times faster); the pure-Python one otherwise. Both give the
@@ -393,11 +347,21 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
     for key, value in overrides.items():
         variables[key] = value
     # Imported here: graph and template checks need every step.
-    from runner.graph import build_graph
+    from runner.graph import CycleError, Node, build_graph
     from runner.template import check_templates
 
     refs = check_templates(steps, variables, data)
     complete = tuple(dataclasses.replace(s, refs=frozenset(refs[s.name])) for s in steps)
+    nodes = [Node(s.name, s.kind, tuple(s.common.needs), s.refs, s.declares_needs, s.exports_env) for s in complete]
+    try:
+        graph = build_graph(nodes)
+    except CycleError as exc:
+        first = next(s for s in complete if s.name == exc.cycle[0])
+        raise data.error(
+            ("steps", first.index, "needs"),
+            f"dependency cycle: {exc}",
+            field=f"steps[{first.index}] ({first.name}).needs",
+        ) from None
     pipeline = Pipeline(
         name=header.name or file.stem,
         description=header.description,
@@ -406,7 +370,7 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
         steps=complete,
         file=file,
         marks=data,
-        graph=build_graph(complete, data),
+        graph=graph,
         by_name={s.name: s for s in complete},
     )
     return pipeline

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 if TYPE_CHECKING:
     from runner.graph import Graph
-    from runner.load import MarkedData
+    from runner.marks import MarkedData
 
 STEP_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
 

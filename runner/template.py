@@ -24,7 +24,7 @@ from jinja2 import nodes
 from jinja2.sandbox import SandboxedEnvironment
 
 if TYPE_CHECKING:
-    from runner.load import MarkedData
+    from runner.marks import MarkedData
     from runner.model import StepDecl
 
 from steps._support.words import TEMPLATE_MARKERS, TRUE_WORDS, is_template
