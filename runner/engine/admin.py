@@ -1,0 +1,189 @@
+"""The engine's side of explain, forget, mark-done, stop, logs and env."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+from runner.engine.plan import Planning
+from runner.engine.prepare import Prepared
+from runner.engine.schedule import Scheduling
+from runner.errors import InputError
+from runner.record import StepRecord
+from runner.state import iso, now, pipeline_lock
+from steps.base import StepError
+
+
+class Admin(Planning, Scheduling):
+    """What the other commands ask: explain, forget, mark-done, stop, logs, env."""
+
+    def explain(self, name: str) -> str:
+        """One step's full reasoning, as plan would reach it: what it is, what it depends on, its rendered
+        spec, its record, and the decision with its reason (like `doit info`)."""
+        decisions = {d.name: d for d in self.plan()}
+        step = self.pipeline.step(name)
+        lines = [f"step {name} ({step.kind}), steps[{step.index}] of {self.pipeline.file}"]
+        if step.common.description:
+            lines.append(f"  description: {step.common.description}")
+        deps = sorted(self.graph.deps[name], key=lambda n: self.pipeline.step(n).index)
+        lines.append(f"  depends on: {', '.join(deps) if deps else 'nothing'}")
+        dependents = sorted(self.graph.dependents[name], key=lambda n: self.pipeline.step(n).index)
+        lines.append(f"  needed by: {', '.join(dependents) if dependents else 'nothing'}")
+        decision = decisions.get(name)
+        if decision is not None:
+            lines.append(f"  decision: {decision.action} - {decision.reason}")
+            for change in decision.changes:
+                lines.append(f"    {change}")
+        record = self.record(name)
+        if record is None:
+            lines.append("  record: none (it has never finished)")
+        else:
+            lines.append(
+                f"  record: {record.status or None}, finished {iso(record.finished)}"
+                + (f", took {record.duration:.2f}s" if record.duration is not None else "")
+                + (f", {record.attempts} attempt(s)" if record.attempts else "")
+            )
+            if record.error:
+                lines.append(f"    last error: {record.error}")
+            if record.outputs:
+                shown = json.dumps(record.outputs, sort_keys=True, default=str)
+                lines.append(f"    outputs: {shown[:400]}{'...' if len(shown) > 400 else ''}")
+        if step.common.for_each is not None:
+            try:
+                items = self.items(step) or []
+            except InputError as exc:
+                lines.append(f"  items: cannot render ({exc})")
+            else:
+                lines.append(f"  items: {len(items)}")
+                for item in items:
+                    rec = self.record(f"{name}[{item.key}]")
+                    lines.append(f"    {item.key}: {rec.status if rec else 'no record'}")
+            return "\n".join(lines)
+        try:
+            prep = self.prepare(step)
+        except InputError as exc:
+            lines.append(f"  spec: cannot render yet ({exc})")
+            return "\n".join(lines)
+        if prep is None:
+            lines.append(f"  `when` is false: {step.common.when}")
+            return "\n".join(lines)
+        lines.append(
+            f"  fingerprint: {prep.fingerprint[:16]}"
+            + (
+                ""
+                if record is None
+                else " (same as recorded)"
+                if record.fingerprint == prep.fingerprint
+                else f" (recorded: {str(record.fingerprint)[:16]})"
+            )
+        )
+        for dep, value in sorted(prep.upstream.items()):
+            old = record.upstream.get(dep) if record else None
+            moved = "" if record is None or old == value else " (changed since the record)"
+            lines.append(f"    upstream {dep}: {value[:16]}{moved}")
+        spec = json.dumps(self.masker.mask_data(prep.spec), indent=2, sort_keys=True, default=str)
+        lines.append("  spec (rendered):")
+        lines += ["    " + line for line in spec.splitlines()]
+        if record is not None and record.is_done:
+            probe = self._probe(prep)
+            lines.append(f"  probe: {probe.status}" + (f" - {self.masker.mask(probe.reason)}" if probe.reason else ""))
+        return "\n".join(lines)
+
+    def forget(self, name: str) -> bool:
+        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
+            self.load_state()
+            existed = self.state.record(name) is not None or bool(self.secrets.get(name))
+            for item in [n for n in self.state.steps if n.startswith(f"{name}[")]:
+                self.state.replace(item, None)
+                self.secrets.put(item, None)
+            self.state.replace(name, None)
+            self.state.compact()
+            self.secrets.put(name, None)
+            return existed
+
+    def _prepare_through(self, name: str) -> Prepared:
+        """Render one step as a run would reach it: records adopted and env steps rendered before it."""
+        for other in self.graph.order():
+            step = self.pipeline.step(other)
+            self._adopt_record(other)
+            if other == name:
+                prep = self.prepare(step)
+                if prep is None:
+                    raise InputError(f"step {name!r} is skipped (`when` is false)")
+                return prep
+            if step.exports_env:
+                with contextlib.suppress(InputError):
+                    self.prepare(step)
+        raise InputError(f"no step named {name!r}")
+
+    def mark_done(self, name: str) -> None:
+        """Accept the live state as done: record the current fingerprint without running the step."""
+        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
+            self.load_state()
+            prep = self._prepare_through(name)
+            marked = StepRecord.marked_done(
+                self.record(name),
+                kind=prep.step.kind,
+                fingerprint=prep.fingerprint,
+                spec=self.masker.mask_data(prep.spec),
+                upstream=prep.upstream,
+                when=now(),
+                run=self.run_id,
+            )
+            self.state.replace(name, marked.to_dict())
+            self.state.compact()
+
+    def stop(self, name: str) -> str:
+        """Stop what a step started (a detached job). Raises StepError when there is nothing to stop."""
+        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
+            self.load_state()
+            prep = self._prepare_through(name)
+            return self.masker.mask(prep.instance.stop(prep.ctx))
+
+    def remote_log(self, name: str, follow: bool) -> Iterator[str] | None:
+        """The log of what a step started elsewhere (a Ray job), if it has one."""
+        self.load_state()
+        try:
+            prep = self._prepare_through(name)
+        except InputError:
+            return None  # not renderable now: the local log, if any, is what there is to show
+        return prep.instance.remote_log(prep.ctx, follow)
+
+    def runs_of(self, name: str) -> list[Path]:
+        """The step logs of a step (or of a for_each item, `name[key]`) kept in .runner/logs, newest first."""
+        logs = self.pipeline.state_dir / "logs"
+        if not logs.is_dir():
+            return []
+        return [p for p in (run / f"{name}.log" for run in sorted(logs.iterdir(), reverse=True)) if p.is_file()]
+
+    def log_of(self, name: str, run: int | None = None) -> Path | None:
+        """The log to show for a step: what it started (a job's log), else its last run's step log; with `run`,
+        the log of its Nth most recent run (1: the latest) from .runner/logs."""
+        if run is not None:
+            runs = self.runs_of(name)
+            if not 1 <= run <= len(runs):
+                raise InputError(f"{name} has {len(runs)} run log(s) kept; --run takes 1 (the latest) to {len(runs)}")
+            return runs[run - 1]
+        self.load_state()
+        with contextlib.suppress(InputError, StepError):
+            prep = self._prepare_through(name)
+            path = prep.instance.log_file(prep.ctx)
+            if path is not None:
+                return path
+        log = (self.record(name) or StepRecord({})).log or None
+        return Path(log) if isinstance(log, str) and log else None
+
+    def exported_env(self) -> dict[str, str]:
+        """Every variable the env steps export, rendered with the recorded outputs."""
+        self.load_state()
+        merged: dict[str, str] = {}
+        for name in self.graph.order():
+            step = self.pipeline.step(name)
+            self._adopt_record(name)
+            if step.exports_env:
+                prep = self.prepare(step)
+                if prep is not None:
+                    merged.update(self.exports[name])
+        return merged

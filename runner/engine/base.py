@@ -1,0 +1,93 @@
+"""The engine's shared state, and the selection of steps for a run."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from runner.errors import InputError
+from runner.events import Reporter
+from runner.model import Pipeline
+from runner.record import StepRecord
+from runner.secrets import Masker, SecretStore
+from runner.state import StateStore
+from runner.template import Facts
+
+
+@dataclass
+class Options:
+    only: list[str] = field(default_factory=list)
+    from_step: str | None = None
+    force: set[str] = field(default_factory=set)
+    jobs: int = 1
+    keep_going: bool = False
+    verbose: bool = False
+
+
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived during apply."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class EngineBase:
+    """The run's shared state: the pipeline, records and secrets, what steps produced and exported, the selection."""
+
+    def __init__(self, pipeline: Pipeline, reporter: Reporter, options: Options | None = None) -> None:
+        self.pipeline = pipeline
+        self.reporter = reporter
+        self.options = options or Options()
+        self.state = StateStore(pipeline.state_dir)
+        self.secrets = SecretStore(pipeline.state_dir)
+        self.masker = Masker()
+        for name in pipeline.secrets:
+            self.masker.add(str(pipeline.vars[name]))
+        self.facts = Facts()
+        self.outputs: dict[str, dict[str, Any]] = {}
+        self.digests: dict[str, str] = {}
+        self.exports: dict[str, dict[str, str]] = {}
+        self.cancel = threading.Event()
+        self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
+        self.graph = pipeline.graph
+        self._check_names()
+
+    def load_state(self) -> None:
+        """Read state.json and the secrets file; every kept secret is masked from here on."""
+        self.state.load()
+        self.secrets.load()
+        for value in self.secrets.values():
+            self.masker.add(value)
+
+    def _check_names(self) -> None:
+        known = set(self.graph.names)
+        wanted = [*self.options.only, *self.options.force]
+        if self.options.from_step:
+            wanted.append(self.options.from_step)
+        for name in wanted:
+            if name not in known:
+                from runner.load import suggest
+
+                raise InputError(f"no step named {name!r}" + suggest(name, list(known)))
+
+    def selected(self) -> set[str]:
+        """The steps this run may execute: `--only` (with what they need) and `--from` (it and what follows)."""
+        names = set(self.graph.names)
+        if self.options.only:
+            names = self.graph.upstream(set(self.options.only))
+        if self.options.from_step:
+            start = self.pipeline.step(self.options.from_step).index
+            names &= {s.name for s in self.pipeline.steps if s.index >= start}
+        return names
+
+    def record(self, name: str) -> StepRecord | None:
+        return StepRecord.of(self.state.record(name))
+
+    def _adopt_record(self, name: str) -> None:
+        record = self.record(name) or StepRecord({})
+        self.outputs[name] = {**record.outputs, **self.secrets.get(name)}
+        self.digests[name] = record.output_digest

@@ -1,0 +1,254 @@
+"""Running one step: its decision (asked of observe), then the run — retries, timeout, cancel — and its record."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+from tenacity import retry_if_exception_type, wait_fixed
+
+from runner.engine.observe import Deciding
+from runner.engine.prepare import Prepared
+from runner.errors import InputError
+from runner.events import Decision, Result, Status
+from runner.fingerprint import digest
+from runner.model import StepDecl
+from runner.record import StepRecord
+from runner.state import now
+from steps import kind_class
+from steps._support import faults
+from steps._support.retry import retrying
+from steps.base import StepError
+
+
+class Executing(Deciding):
+    """One step run: retries, timeout, cancel, outputs and its record; a for_each step's items."""
+
+    def _unselected(self, name: str) -> Result:
+        step = self.pipeline.step(name)
+        self._adopt_record(name)
+        if step.exports_env:
+            with contextlib.suppress(InputError):
+                self.prepare(step)
+        return Result(name, "unselected")
+
+    def _run_one(self, name: str, log_dir: Path) -> Result:
+        step = self.pipeline.step(name)
+        started = time.monotonic()
+        if step.common.for_each is not None:
+            return self._run_each(step, log_dir, started)
+        log_path = log_dir / f"{name}.log"
+        try:
+            prep = self.prepare(step, log_path)
+        except InputError as exc:
+            return self._report(Result(name, "failed", error=str(exc), input_error=True))
+        if prep is None:
+            return self._skipped(step)
+        decision = self.decide(prep, crashed_ok=True)
+        if decision.action in ("ok", "pending"):
+            self._adopt_record(name)
+            kept = (self.record(name) or StepRecord({})).outputs
+            result = Result(name, decision.action, decision.reason, time.monotonic() - started, outputs=kept)
+            self.reporter.step_finished(result)
+            return result
+        return self._execute(prep, decision, started, log_path)
+
+    def _report(self, result: Result) -> Result:
+        self.reporter.step_finished(result)
+        return result
+
+    def _skipped(self, step: StepDecl) -> Result:
+        self._adopt_record(step.name)
+        self.digests[step.name] = "skipped"
+        return self._report(Result(step.name, "skipped", f"`when` is false: {step.common.when}"))
+
+    def _run_each(self, step: StepDecl, log_dir: Path, started: float) -> Result:
+        """A for_each step: its items in order, each decided and recorded on its own; then one record for the
+        step whose outputs (`items`, `keys`, `count`) and digest later steps see."""
+        name = step.name
+        try:
+            items = self.items(step)
+        except InputError as exc:
+            return self._report(Result(name, "failed", error=str(exc), input_error=True))
+        if items is None:
+            return self._skipped(step)
+        ran = 0
+        kept: list[StepRecord] = []
+        for item in items:
+            self.reporter.progress(name, item.index, len(items), "items")
+            log_path = log_dir / f"{name}[{item.key}].log"
+            try:
+                prep = self.prepare(step, log_path, item)
+            except InputError as exc:
+                return self._report(Result(name, "failed", error=f"item {item.key}: {exc}", input_error=True))
+            assert prep is not None
+            decision = self.decide(prep, crashed_ok=True)
+            if decision.action not in ("ok", "pending"):
+                outcome = self._execute(prep, decision, time.monotonic(), log_path)
+                if outcome.status not in ("ok", "changed"):
+                    return Result(
+                        name,
+                        outcome.status,
+                        f"item {item.key} ({item.index + 1} of {len(items)}) did not succeed; "
+                        f"{item.index} before it done",
+                        time.monotonic() - started,
+                        error=f"item {item.key}: {outcome.error}",
+                        log=outcome.log,
+                        attempts=outcome.attempts,
+                    )
+                ran += 1
+            kept.append(self.record(prep.record) or StepRecord({}))
+        self.reporter.progress(name, len(items), len(items), "items")
+        outputs = [{**r.outputs, **self.secrets.get(f"{name}[{i.key}]")} for r, i in zip(kept, items, strict=True)]
+        keys = [i.key for i in items]
+        aggregate = {"items": outputs, "keys": keys, "count": len(items)}
+        output_digest = digest({"items": [r.recorded_output_digest for r in kept], "keys": keys})
+        self.outputs[name] = aggregate
+        self.digests[name] = output_digest
+        previous = self.record(name)
+        if ran or previous is None or previous.output_digest != output_digest or not previous.is_done:
+            masked = self.masker.mask_data({"items": [r.outputs for r in kept], "keys": keys, "count": len(items)})
+            assert isinstance(masked, dict)
+            record = StepRecord.loop_done(
+                kind=step.kind,
+                keys=keys,
+                items=kept,
+                outputs=masked,
+                output_digest=output_digest,
+                finished=now(),
+                duration=time.monotonic() - started,
+                run=self.run_id,
+            )
+            self.state.replace(name, record.to_dict())
+        current = {f"{name}[{k}]" for k in keys}
+        for stale in [n for n in self.state.steps if n.startswith(f"{name}[") and n not in current]:
+            self.state.replace(stale, None)  # an item no longer in the list
+            self.secrets.put(stale, None)
+        changes = kind_class(step.kind).changes_system
+        duration = time.monotonic() - started
+        shown = {"keys": keys, "count": len(items)}
+        if ran:
+            summary = f"{ran} of {len(items)} items ran"
+            result = Result(name, "changed" if changes else "ok", summary, duration, note=summary, outputs=shown)
+        else:
+            result = Result(name, "ok", f"{len(items)} items up to date", duration, outputs=shown)
+        self.reporter.step_finished(result)
+        return result
+
+    def _execute(self, prep: Prepared, decision: Decision, started: float, log_path: Path) -> Result:
+        name = prep.record
+        common = prep.step.common
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        if prep.instance.changes_system:
+            self.reporter.step_started(name, decision.reason)
+        prep.ctx.progress = lambda done, total, unit: self.reporter.progress(name, done, total, unit)
+        if self.options.verbose or prep.instance.streams_output():
+            prep.ctx.on_output = lambda line: self.reporter.output(name, line)
+        else:
+            prep.ctx.on_output = lambda line: self.reporter.output_quiet(name, line)
+        begin = now()
+        begun = StepRecord.starting(self.record(name), begin, self.run_id, os.getpid(), str(log_path))
+        self.state.replace(name, begun.to_dict())
+        faults.point("started")
+        attempts = 0
+
+        def before_retry(attempt: int, exc: BaseException | None) -> None:
+            message = exc.message if isinstance(exc, StepError) else str(exc)
+            self.reporter.notice(
+                f"{name}: attempt {attempt} of {common.retries + 1} failed: "
+                f"{self.masker.mask(message)}; retrying in {common.retry_delay:g}s"
+            )
+
+        retries = retrying(
+            attempts=common.retries + 1,
+            wait=wait_fixed(common.retry_delay),
+            retry=retry_if_exception_type(StepError),
+            cancel=self.cancel,
+            interrupted=_Cancelled,
+            before_retry=before_retry,
+        )
+        try:
+            for attempt in retries:
+                with attempt:
+                    attempts += 1
+                    if self.cancel.is_set():
+                        raise _Cancelled()
+                    outputs = prep.instance.apply(prep.ctx)
+        except (StepError, _Cancelled) as exc:
+            duration = time.monotonic() - started
+            interrupted = self.cancel.is_set()
+            message = self.masker.mask(exc.message if isinstance(exc, StepError) else "interrupted")
+            if interrupted:
+                message = "interrupted"
+            self.state.replace(name, begun.ended(interrupted, now(), duration, attempts, message).to_dict())
+            result = Result(
+                name,
+                "interrupted" if interrupted else "failed",
+                decision.reason,
+                duration,
+                error=message,
+                hint=self.masker.mask(exc.hint) if isinstance(exc, StepError) else "",
+                tail=self.masker.mask(exc.output_tail) if isinstance(exc, StepError) else "",
+                log=str(log_path) if log_path.exists() else "",
+                attempts=attempts,
+            )
+            self.reporter.step_finished(result)
+            return result
+        except Exception as exc:  # a bug in a kind: record it, do not lose the run
+            duration = time.monotonic() - started
+            if isinstance(exc, OSError) and exc.strerror:  # the system said no (a full disk, a permission)
+                where = f" ({exc.filename})" if exc.filename else ""
+                message = self.masker.mask(f"{exc.strerror}{where}")
+            else:
+                message = self.masker.mask(f"internal error in the {prep.step.kind} step: {type(exc).__name__}: {exc}")
+            self.state.replace(name, begun.ended(False, now(), duration, attempts, message).to_dict())
+            result = Result(
+                name, "failed", decision.reason, duration, error=message, log=str(log_path), attempts=attempts
+            )
+            self.reporter.step_finished(result)
+            if self.options.verbose:
+                raise
+            return result
+        faults.point("applied")
+        duration = time.monotonic() - started
+        secret_keys = prep.instance.secret_outputs()
+        kept = {k: str(v) for k, v in outputs.items() if k in secret_keys}
+        for value in kept.values():
+            self.masker.add(value)
+        self.secrets.put(name, kept)
+        masked_outputs = self.masker.mask_data(outputs)
+        assert isinstance(masked_outputs, dict)
+        output_digest = digest({"fingerprint": prep.fingerprint, "outputs": outputs})
+        if name == prep.step.name:  # an item's outputs reach later steps through its step's `items`
+            self.outputs[name] = dict(outputs)
+            self.digests[name] = output_digest
+        done = StepRecord.done(
+            kind=prep.step.kind,
+            fingerprint=prep.fingerprint,
+            spec=self.masker.mask_data(prep.spec),
+            upstream=prep.upstream,
+            outputs=masked_outputs,
+            output_digest=output_digest,
+            started=begin,
+            finished=now(),
+            duration=duration,
+            attempts=attempts,
+            run=self.run_id,
+            reason=decision.reason,
+            log=str(log_path) if log_path.exists() else "",
+        )
+        self.state.replace(name, done.to_dict())
+        status: Status = "changed" if prep.instance.changes_system else "ok"
+        shown = {k: v for k, v in masked_outputs.items() if k not in secret_keys}
+        # a check that ran and passed says so, not just why it ran
+        reason = decision.reason if prep.instance.changes_system else f"checked, passed ({decision.reason})"
+        note = self.masker.mask(prep.instance.note(shown)) if shown else ""
+        result = Result(name, status, reason, duration, log=str(log_path), attempts=attempts, outputs=shown, note=note)
+        self.reporter.step_finished(result)
+        return result
+
+
+class _Cancelled(Exception):
+    message = "interrupted"

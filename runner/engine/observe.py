@@ -1,0 +1,73 @@
+"""Deciding one step: what to look at (runner.decide.to_observe), looking, and the pure decision."""
+
+from __future__ import annotations
+
+from runner.decide import decide, to_observe
+from runner.engine.prepare import Prepared, Preparing
+from runner.events import Decision
+from runner.fingerprint import spec_changes
+from runner.record import StepRecord
+from steps.base import Probe, StepError
+
+
+class Deciding(Preparing):
+    """Looks at what runner.decide asks for (changes, live work, the probe) and decides."""
+
+    def decide(self, prep: Prepared, crashed_ok: bool) -> Decision:
+        """Look at what runner.decide asks for (the record always; the changes or the probe), then decide."""
+        record = self.record(prep.record)
+        forced = prep.step.name in self.options.force
+        changes: list[str] = []
+        live: str | None = None
+        probe: Probe | None = None
+        looking = to_observe(record, prep.fingerprint, forced)
+        if looking == "changes" and record is not None:
+            changes = self._changes(prep, record)
+            live = self._live_work(prep)
+        elif looking == "probe":
+            found = self._probe(prep)
+            probe = Probe(found.status, self.masker.mask(found.reason), found.changes)
+        return decide(
+            prep.record,
+            record,
+            fingerprint=prep.fingerprint,
+            upstream=prep.upstream,
+            forced=forced,
+            step=prep.step.name,
+            crashed_ok=crashed_ok,
+            changes=changes,
+            live=live,
+            probe=probe,
+        )
+
+    def _changes(self, prep: Prepared, record: StepRecord) -> list[str]:
+        """The spec's field-level changes since the record, in the kind's own terms where it has them."""
+        changes = spec_changes(record.spec, self.masker.mask_data(prep.spec))
+        if changes and record.spec is not None:
+            try:
+                changes = [self.masker.mask(c) for c in prep.instance.describe_changes(prep.ctx, record.spec, changes)]
+            except (StepError, OSError):
+                pass
+        return changes
+
+    def _live_work(self, prep: Prepared) -> str | None:
+        try:
+            live = prep.instance.live_work(prep.ctx)
+        except (StepError, OSError):
+            return None
+        return self.masker.mask(live) if live else None
+
+    def _preview(self, prep: Prepared) -> str | None:
+        try:
+            problem = prep.instance.preview(prep.ctx)
+        except (StepError, OSError):
+            return None
+        return self.masker.mask(problem) if problem else None
+
+    def _probe(self, prep: Prepared) -> Probe:
+        try:
+            return prep.instance.probe(prep.ctx)
+        except StepError as exc:
+            return Probe.missing(f"probe failed: {exc.message}")
+        except OSError as exc:
+            return Probe.missing(f"probe failed: {exc}")

@@ -1,0 +1,196 @@
+"""Rendering a step for this run: templates, for_each items, `when`, the spec and the fingerprint."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from runner.engine.base import EngineBase
+from runner.errors import InputError
+from runner.fingerprint import digest, step_fingerprint
+from runner.load import validation_errors
+from runner.model import StepDecl
+from runner.record import StepRecord
+from runner.template import Outputs, RenderError, render_data, render_string, render_value, when_source
+from steps import kind_class
+from steps._support.words import FALSE_WORDS, TRUE_WORDS
+from steps.base import StepContext, StepKind
+
+ITEM_KEY = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")
+
+
+@dataclass
+class Prepared:
+    """A step rendered for this run: its kind instance, context and fingerprint."""
+
+    step: StepDecl
+    instance: StepKind
+    ctx: StepContext
+    spec: dict[str, Any]
+    fingerprint: str
+    upstream: dict[str, str]
+    record: str = ""  # where its record lives: the step's name, or `name[key]` for an item of for_each
+
+    def __post_init__(self) -> None:
+        self.record = self.record or self.step.name
+
+
+@dataclass
+class Item:
+    """One item of a for_each step."""
+
+    key: str
+    value: Any
+    index: int
+
+
+class Preparing(EngineBase):
+    """Rendering: a step (or one for_each item) into a Prepared, with its context, spec and fingerprint."""
+
+    def _exported_before(self, step: StepDecl) -> dict[str, str]:
+        merged: dict[str, str] = {}
+        for other in self.pipeline.steps[: step.index]:
+            if other.name in self.exports:
+                merged.update(self.exports[other.name])
+        return merged
+
+    def _context(self, step: StepDecl, exported: dict[str, str], item: Item | None = None) -> dict[str, Any]:
+        context: dict[str, Any] = {
+            "vars": self.pipeline.vars,
+            "env": {**os.environ, **exported},
+            "facts": self.facts,
+            "steps": {name: Outputs(name, self.outputs[name]) for name in step.refs if name in self.outputs},
+        }
+        if item is not None:
+            context["item"] = item.value
+            context["item_index"] = item.index
+        return context
+
+    def _render_error(self, step: StepDecl, exc: RenderError) -> InputError:
+        path = ("steps", step.index, *exc.path)
+        field = f"steps[{step.index}] ({step.name})." + ".".join(str(p) for p in exc.path)
+        return self.pipeline.marks.error(path, self.masker.mask(exc.message), field=field)
+
+    def when_holds(self, step: StepDecl, context: dict[str, Any]) -> bool:
+        when = step.common.when
+        if when is None:
+            return True
+        if isinstance(when, bool):
+            return when
+        try:
+            text = render_string(when_source(when), context, ("when",))
+        except RenderError as exc:
+            raise self._render_error(step, exc) from None
+        word = text.strip().lower()
+        if word in TRUE_WORDS:
+            return True
+        if word in FALSE_WORDS:
+            return False
+        raise self._render_error(step, RenderError(f"`when` rendered to {text!r}, not true or false", ("when",)))
+
+    def items(self, step: StepDecl) -> list[Item] | None:
+        """The items of a for_each step, rendered; None when its `when` is false."""
+        exported = self._exported_before(step)
+        context = self._context(step, exported)
+        if not self.when_holds(step, context):
+            return None
+        try:
+            value = render_value(step.common.for_each, context, ("for_each",))
+        except RenderError as exc:
+            raise self._render_error(step, exc) from None
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    value = json.loads(text)
+                except ValueError:
+                    raise self._render_error(
+                        step, RenderError(f"for_each rendered to {text[:80]!r}, which is not a JSON list", ())
+                    ) from None
+            else:
+                value = [part.strip() for part in text.split(",") if part.strip()]
+        if isinstance(value, dict):
+            value = [{"key": k, "value": v} for k, v in value.items()]
+        if not isinstance(value, (list, tuple)):
+            raise self._render_error(
+                step, RenderError(f"for_each must give a list, not {type(value).__name__}", ("for_each",))
+            )
+        items: list[Item] = []
+        seen: dict[str, int] = {}
+        for index, entry in enumerate(value):
+            key = item_key(entry)
+            if key in seen:
+                raise self._render_error(
+                    step, RenderError(f"for_each has item {key!r} twice (at {seen[key]} and {index})", ("for_each",))
+                )
+            seen[key] = index
+            items.append(Item(key, entry, index))
+        return items
+
+    def prepare(self, step: StepDecl, log_path: Path | None = None, item: Item | None = None) -> Prepared | None:
+        """Render a step (or one item of it); None when its `when` is false. Raises InputError for template
+        and spec errors."""
+        exported = self._exported_before(step)
+        context = self._context(step, exported, item)
+        if item is None and not self.when_holds(step, context):
+            return None
+        record_name = f"{step.name}[{item.key}]" if item is not None else step.name
+        try:
+            rendered = render_data(step.raw, context, (step.kind,))
+        except RenderError as exc:
+            raise self._render_error(step, exc) from None
+        cls = kind_class(step.kind)
+        try:
+            spec = cls.Spec.model_validate(rendered)
+        except ValidationError as exc:
+            errors = validation_errors(exc, ("steps", step.index, step.kind), cls.Spec, self.pipeline.marks, rendered)
+            err = errors[0]
+            err.message = self.masker.mask(err.message) + " (after rendering templates)"
+            raise err from None
+        instance = cls(spec)
+        if cls.exports_env:
+            self.exports[step.name] = instance.exports()
+        ctx = StepContext(
+            name=record_name,
+            pipeline_dir=self.pipeline.dir,
+            state_dir=self.pipeline.state_dir,
+            env={**os.environ, **exported},
+            exported=exported,
+            timeout=step.common.timeout,
+            log_path=log_path,
+            record_outputs=(self.record(record_name) or StepRecord({})).outputs,
+            cancel=self.cancel,
+            mask=self.masker.mask,
+            stored_secrets=self.secrets.get(record_name),
+            notice=self.reporter.notice,
+        )
+        dumped = spec.model_dump(mode="json")
+        spec_data = (
+            {k: v for k, v in dumped.items() if k not in cls.cosmetic_fields} if isinstance(dumped, dict) else dumped
+        )
+        upstream = {dep: self.digests.get(dep, "none") for dep in self.graph.deps[step.name]}
+        extra = instance.fingerprint_extra(ctx)
+        fingerprint = step_fingerprint(step.kind, spec_data, extra, upstream)
+        ctx.fingerprint = fingerprint
+        return Prepared(step, instance, ctx, spec_data, fingerprint, upstream, record_name)
+
+
+def item_key(value: Any) -> str:
+    """A for_each item's name in records and logs: the item itself when it is a short plain word, else a
+    readable prefix and a digest."""
+    if isinstance(value, bool) or value is None:
+        text = json.dumps(value)
+    elif isinstance(value, (str, int, float)):
+        text = str(value)
+    else:
+        return "item-" + digest(value)[-12:]
+    if ITEM_KEY.fullmatch(text):
+        return text
+    readable = re.sub(r"[^A-Za-z0-9_.:@+-]+", "-", text)[:40].strip("-")
+    return f"{readable or 'item'}-{digest(text)[-8:]}"

@@ -1,0 +1,126 @@
+"""apply(): takes the lock, schedules the steps over the graph with -j, and turns signals into Interrupted."""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import shutil
+import signal
+import threading
+from collections.abc import Iterator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from pathlib import Path
+from types import FrameType
+
+from runner.engine.base import Interrupted
+from runner.engine.execute import Executing
+from runner.events import Result
+from runner.state import check_writable, pipeline_lock
+
+KEPT_RUNS = 20
+
+
+class Scheduling(Executing):
+    """apply(): the lock, the scheduler (-j, keep-going, blocking), signals and log pruning."""
+
+    def apply(self) -> list[Result]:
+        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
+            self.load_state()
+            check_writable(self.pipeline.state_dir)
+            log_dir = self.pipeline.state_dir / "logs" / self.run_id
+            self._prune_logs()
+            try:
+                with _signals_raise():
+                    return self._schedule(log_dir)
+            finally:
+                self.state.compact()  # state.json alone holds the whole state once apply ends
+
+    def _prune_logs(self) -> None:
+        logs = self.pipeline.state_dir / "logs"
+        if not logs.is_dir():
+            return
+        runs = sorted(p for p in logs.iterdir() if p.is_dir())
+        for old in runs[: max(0, len(runs) - KEPT_RUNS + 1)]:
+            shutil.rmtree(old, ignore_errors=True)
+
+    def _schedule(self, log_dir: Path) -> list[Result]:
+        order = self.graph.order()
+        index = {n: i for i, n in enumerate(order)}
+        selected = self.selected()
+        remaining = {n: len(self.graph.after[n]) for n in order}
+        ready = [index[n] for n in order if remaining[n] == 0]
+        heapq.heapify(ready)
+        results: dict[str, Result] = {}
+        running: dict[Future[Result], str] = {}
+        stop = False
+        jobs = max(1, self.options.jobs)
+
+        def finish(name: str, result: Result) -> None:
+            results[name] = result
+            for child in self.graph.dependents[name]:
+                remaining[child] -= 1
+                if remaining[child] == 0:
+                    heapq.heappush(ready, index[child])
+
+        executor = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="step")
+        try:
+            while ready or running:
+                while ready and len(running) < jobs and not stop:
+                    name = order[heapq.heappop(ready)]
+                    blocked_by = [
+                        d for d in self.graph.after[name] if results[d].status in ("failed", "blocked", "interrupted")
+                    ]
+                    if blocked_by:
+                        result = Result(name, "blocked", f"waits on {', '.join(blocked_by)}, which did not succeed")
+                        if name in selected:
+                            self.reporter.step_finished(result)
+                        finish(name, result)
+                        continue
+                    if name not in selected:
+                        finish(name, self._unselected(name))
+                        continue
+                    running[executor.submit(self._run_one, name, log_dir)] = name
+                if not running:
+                    break
+                done, _ = wait(list(running), timeout=0.2, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    name = running.pop(fut)
+                    result = fut.result()
+                    finish(name, result)
+                    if result.status in ("failed", "interrupted") and not self.options.keep_going:
+                        stop = True
+        except Interrupted:
+            self.cancel.set()
+            for fut, name in list(running.items()):
+                try:
+                    result = fut.result()
+                except Exception as exc:  # noqa: BLE001 - reported, not raised
+                    result = Result(name, "interrupted", error=str(exc))
+                results[name] = result
+            raise
+        finally:
+            executor.shutdown(wait=True)
+        # Steps never reached (after a failure without --keep-going).
+        for name in order:
+            if name not in results and name in selected:
+                results[name] = Result(name, "blocked", "not started: an earlier step failed")
+        return [results[n] for n in order if n in results and results[n].status != "unselected"]
+
+
+@contextlib.contextmanager
+def _signals_raise() -> Iterator[None]:
+    """SIGINT and SIGTERM become Interrupted in the main thread, so running steps are stopped cleanly."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted(signum)
+
+    old_int = signal.signal(signal.SIGINT, handler)
+    old_term = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old_int)
+        signal.signal(signal.SIGTERM, old_term)
