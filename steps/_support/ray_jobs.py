@@ -116,7 +116,7 @@ class RayJob:
 
     @property
     def spec(self) -> RaySpec:
-        ray = self.step.launch_spec.ray
+        ray = self.step.spec.ray
         assert isinstance(ray, RaySpec)
         return ray
 
@@ -126,13 +126,13 @@ class RayJob:
     def entrypoint(self) -> str:
         import shlex
 
-        command = self.step.launch_spec.command
+        command = self.step.spec.command
         return command if isinstance(command, str) else shlex.join(command)
 
     def payload(self, ctx: StepContext, sid: str) -> dict[str, Any]:
         spec = self.spec
         runtime_env = json.loads(json.dumps(spec.runtime_env))
-        env_vars = {**runtime_env.get("env_vars", {}), **self.step.launch_spec.env}
+        env_vars = {**runtime_env.get("env_vars", {}), **self.step.spec.env}
         if env_vars:
             runtime_env["env_vars"] = env_vars
         payload: dict[str, Any] = {
@@ -254,7 +254,7 @@ class RayJob:
 
     def _stop_and_wait(self, ctx: StepContext, client: RayClient, sid: str) -> str:
         client.stop(sid)
-        deadline = time.monotonic() + max(5.0, self.step.launch_spec.stop_timeout)
+        deadline = time.monotonic() + max(5.0, self.step.spec.stop_timeout)
         while time.monotonic() < deadline:
             info = client.status(sid)
             if info is None or info.get("status") in TERMINAL:

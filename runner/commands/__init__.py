@@ -1,0 +1,78 @@
+"""One module per command, each a `run(args) -> exit code` over the engine's public API; runner/cli.py parses
+the command line and picks the module from its table. What several commands share lives here: the exit codes,
+loading the pipeline with its reporter, making the engine, and naming an unknown step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from runner.engine import Engine
+    from runner.model import Pipeline
+    from runner.ui import Reporter
+
+EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
+EXIT_PENDING = 2  # plan: something would run, fail or is blocked
+VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse_vars(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not VAR_NAME.match(key):
+            raise UsageError(f"--var {item!r}: expected NAME=VALUE, NAME made of letters, digits and _")
+        out[key] = value
+    return out
+
+
+def load(args: argparse.Namespace) -> Pipeline:
+    from runner.load import load_pipeline
+
+    return load_pipeline(args.file, parse_vars(args.var))
+
+
+def reporter_for(args: argparse.Namespace, pipeline: Pipeline) -> Reporter:
+    from runner.ui import JsonReporter, LiveReporter, Reporter, use_live_view
+
+    width = max([20, *(len(s.name) + 2 for s in pipeline.steps)])
+    if getattr(args, "json", False):
+        return JsonReporter(width=width)
+    if args.command == "apply" and use_live_view(sys.stdout):
+        return LiveReporter(width=width)
+    return Reporter(width=width)
+
+
+def open_engine(args: argparse.Namespace) -> tuple[Engine, Reporter, Pipeline]:
+    """The pipeline, its reporter and an engine with the command's options."""
+    from runner.engine import Engine, Options
+
+    pipeline = load(args)
+    reporter = reporter_for(args, pipeline)
+    options = Options(
+        only=getattr(args, "only", []),
+        from_step=getattr(args, "from_step", None),
+        force=set(getattr(args, "force", [])),
+        jobs=getattr(args, "jobs", 1),
+        keep_going=getattr(args, "keep_going", False),
+        verbose=getattr(args, "verbose", False),
+    )
+    if options.jobs < 1:
+        raise UsageError("-j must be at least 1")
+    return Engine(pipeline, reporter, options), reporter, pipeline
+
+
+def check_step(engine: Engine, name: str) -> None:
+    from runner.errors import InputError
+    from runner.load import suggest
+
+    if name not in engine.graph.names:
+        raise InputError(f"no step named {name!r}" + suggest(name, list(engine.graph.names)))
