@@ -99,7 +99,7 @@ class Executing(Deciding):
                         attempts=outcome.attempts,
                     )
                 ran += 1
-            kept.append(self.record(prep.record) or StepRecord({}))
+            kept.append(self.record(prep.key) or StepRecord({}))
         self.reporter.progress(name, len(items), len(items), "items")
         outputs = [{**r.outputs, **self.secrets.get(f"{name}[{i.key}]")} for r, i in zip(kept, items, strict=True)]
         keys = [i.key for i in items]
@@ -138,7 +138,7 @@ class Executing(Deciding):
         return result
 
     def _execute(self, prep: Prepared, decision: Decision, started: float, log_path: Path) -> Result:
-        name = prep.record
+        name = prep.key
         common = prep.step.common
         log_path.parent.mkdir(parents=True, exist_ok=True)
         if prep.instance.changes_system:

@@ -15,7 +15,7 @@ class Deciding(Preparing):
 
     def decide(self, prep: Prepared, crashed_ok: bool) -> Decision:
         """Look at what runner.decide asks for (the record always; the changes or the probe), then decide."""
-        record = self.record(prep.record)
+        record = self.record(prep.key)
         forced = prep.step.name in self.options.force
         changes: list[str] = []
         live: str | None = None
@@ -28,7 +28,7 @@ class Deciding(Preparing):
             found = self._probe(prep)
             probe = Probe(found.status, self.masker.mask(found.reason), found.changes)
         return decide(
-            prep.record,
+            prep.key,
             record,
             fingerprint=prep.fingerprint,
             upstream=prep.upstream,

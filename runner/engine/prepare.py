@@ -35,10 +35,10 @@ class Prepared:
     spec: dict[str, Any]
     fingerprint: str
     upstream: dict[str, str]
-    record: str = ""  # where its record lives: the step's name, or `name[key]` for an item of for_each
+    key: str = ""  # the name its record is kept under: the step's name, or `name[key]` for an item of for_each
 
     def __post_init__(self) -> None:
-        self.record = self.record or self.step.name
+        self.key = self.key or self.step.name
 
 
 @dataclass
