@@ -18,10 +18,10 @@ editable install the source path it points at. A converged apply never runs `pip
 a first apply that finds everything already satisfied. A requirements file's content, and an editable
 project's pyproject.toml / setup.cfg / setup.py, are part of the fingerprint. Outputs: `versions` (name ->
 version) and `python`.
-
-Over 500 lines, on purpose: the interpreter query (a script run in the target interpreter), its cache and the
-requirement checks are one piece that only this kind uses; issue 16 (installs with uv) reshapes it.
 """
+
+# Over 500 lines, on purpose: the interpreter query (a script run in the target interpreter), its cache and the
+# requirement checks are one piece that only this kind uses; issue 16 (installs with uv) reshapes it.
 
 from __future__ import annotations
 
