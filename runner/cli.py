@@ -9,6 +9,7 @@ import importlib
 import json
 import os
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -89,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def json_error(message: str) -> None:
         if as_json:  # the event stream says it too, so a consumer of stdout alone sees why it ended
-            print(json.dumps({"event": "error", "message": message}), flush=True)
+            print(json.dumps({"event": "error", "time": round(time.time(), 3), "message": message}), flush=True)
 
     try:
         return dispatch(args)

@@ -31,7 +31,7 @@ def upstream(tmp_path: Path) -> Upstream:
 def _pipeline(project: Project, url: str, ref: str | None = None, extra: str = "") -> None:
     lines = ["steps:", "  - name: src", "    git:", f"      url: {url}", "      dest: src"]
     if ref:
-        lines.append(f"      ref: \"{ref}\"")  # quoted: an all-digit short SHA would read as a number
+        lines.append(f'      ref: "{ref}"')  # quoted: an all-digit short SHA would read as a number
     lines += [x for x in extra.split("\n") if x.strip()]
     lines += ["  - name: show", '    run: "echo {{ steps.src.commit }} >> commits.txt"']
     (project.path / "pipeline.yaml").write_text("\n".join(lines) + "\n")
