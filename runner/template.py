@@ -103,8 +103,9 @@ class _Environment(SandboxedEnvironment):
         return super().call(__context, __obj, *args, **kwargs)
 
     def getattr(self, obj: Any, attribute: str) -> Any:
-        # `steps.x.items` is the output named items, not the dict method of that name.
-        if isinstance(obj, Outputs) and attribute in obj:
+        # Data first: `vars.items`, `env.keys`, `steps.x.items` are the var, variable or output of that name, not
+        # the dict method of that name (Jinja's default tries the attribute first).
+        if isinstance(obj, Mapping) and attribute in obj:
             return obj[attribute]
         if isinstance(obj, str) and attribute in ("format", "format_map", "ljust", "rjust", "center", "zfill"):
             _check_call(None, (obj,), {})

@@ -117,3 +117,22 @@ def test_for_each_errors_name_the_field(project: Project) -> None:
     assert result.code == 2 and "for_each must give a list, not int" in result.text
     assert "pipeline.yaml:5:" in result.text and "steps[0] (each).for_each" in result.text
     assert "Traceback" not in result.text
+
+
+def test_vars_and_env_named_like_dict_methods_are_the_data(project: Project) -> None:
+    """`vars.items` is the var called items, not dict.items (issue 14, item 9); the same for env and outputs."""
+    project.write(
+        """
+        vars: {items: [a, b], keys: "k1", get: got}
+        steps:
+          - name: each
+            for_each: "{{ vars.items }}"
+            run: {command: "echo {{ item }}-{{ vars.keys }}-{{ vars.get }}-{{ env.values }} >> out.txt"}
+        """
+    )
+    env = project.env()
+    env["values"] = "v"
+    project.env = lambda: env  # type: ignore[method-assign]
+    result = project.run("apply")
+    assert result.code == 0, result.text
+    assert (project.path / "out.txt").read_text().split() == ["a-k1-got-v", "b-k1-got-v"]
