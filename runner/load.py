@@ -195,8 +195,12 @@ def validation_errors(
             wanted = [TYPE_WORDS[e["type"]] for e in errs if e["type"] in TYPE_WORDS]
             if wanted and len(wanted) == len(errs):
                 unique = list(dict.fromkeys(wanted))
-                got = _describe(first.get("input"))
+                given = first.get("input")
+                got = _describe(given)
                 message = f"expected {' or '.join(unique)}, got {got}"
+                if "a string" in unique and isinstance(given, (int, float)) and not isinstance(given, bool):
+                    # YAML read `ref: 1.0` or a 9-digit commit as a number: quotes keep it as written
+                    message += f'; to mean the text, quote it as written (e.g. "{given}")'
             else:
                 message = "; ".join(dict.fromkeys(_clean(e["msg"]) for e in errs))
             errors.append(data.error(path, message))

@@ -28,7 +28,7 @@ from pydantic import Field, field_validator, model_validator
 from steps._support.files import expand
 from steps._support.process import run_process
 from steps._support.words import FALSE_WORDS, TRUE_WORDS, argv_of, is_template
-from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
+from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind
 
 
 def version_tuple(text: str) -> tuple[int, ...]:
@@ -40,9 +40,7 @@ def version_tuple(text: str) -> tuple[int, ...]:
 
 class AssertSpec(SpecModel):
     path: str | None = Field(None, description="A path (or glob) that must exist.")
-    command: str | list[str] | None = Field(
-        None, description="A command that must exit 0 (a string runs under `sh -c`)."
-    )
+    command: Command | None = Field(None, description="A command that must exit 0 (a string runs under `sh -c`).")
     kernel: str | None = Field(None, description="The lowest Linux kernel version accepted, e.g. `6.8`.")
     file: str | None = Field(None, description="A file that must contain `contains`.")
     contains: str | None = Field(None, description="The text `file` must contain.")

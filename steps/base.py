@@ -12,9 +12,28 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
+
+
+def _argv_words(value: Any) -> Any:
+    """In an argv list a number or a boolean is a word to the program: `[python, x.py, --n, 8]` means "8"."""
+    if not isinstance(value, list):
+        return value
+    out: list[Any] = []
+    for item in value:
+        if isinstance(item, bool):
+            out.append("true" if item else "false")
+        elif isinstance(item, (int, float)):
+            out.append(str(item))
+        else:
+            out.append(item)
+    return out
+
+
+# A command: a string runs under `sh -c`; a list is the argv itself, its numbers and booleans taken as words.
+Command = Annotated[str | list[str], BeforeValidator(_argv_words)]
 
 
 class SpecModel(BaseModel):

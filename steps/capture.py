@@ -21,11 +21,11 @@ from pydantic import Field, field_validator
 
 from steps._support.process import run_process
 from steps._support.words import argv_of
-from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
+from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
 
 class CaptureSpec(SpecModel):
-    command: str | list[str] = Field(description="The command. A list is argv (no shell); a string runs under `sh -c`.")
+    command: Command = Field(description="The command. A list is argv (no shell); a string runs under `sh -c`.")
     container: str | None = Field(None, description="Run it inside this container (name or id), as `docker exec`.")
     host: str | None = Field(None, description="Docker Engine for `container` (default: DOCKER_HOST, else the socket).")
     cwd: str | None = Field(None, description="Working directory (on the host, or inside the container).")

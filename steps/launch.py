@@ -38,14 +38,14 @@ from steps._support.process import run_process
 from steps._support.ray_jobs import RayJob, RaySpec
 from steps._support.supervise import start_time, write
 from steps._support.words import argv_of
-from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
+from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
 SUPERVISOR = Path(__file__).parent / "_support" / "supervise.py"
 START_GRACE = 0.5
 
 
 class LaunchSpec(SpecModel):
-    command: str | list[str] = Field(description="The job. A list is argv (no shell); a string runs under `sh -c`.")
+    command: Command = Field(description="The job. A list is argv (no shell); a string runs under `sh -c`.")
     cwd: str | None = Field(None, description="Working directory, relative to the pipeline file.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables of the job.")
     detach: bool = Field(False, description="Run in the background, supervised; later applies adopt it.")

@@ -21,11 +21,11 @@ from pydantic import Field, field_validator, model_validator
 from steps._support.files import check_patterns, content_digest, expand
 from steps._support.process import run_process
 from steps._support.words import argv_of
-from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
+from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
 
 class RunSpec(SpecModel):
-    command: str | list[str] = Field(description="The command. A list is argv (no shell); a string runs under `sh -c`.")
+    command: Command = Field(description="The command. A list is argv (no shell); a string runs under `sh -c`.")
     cwd: str | None = Field(None, description="Working directory, relative to the pipeline file.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
     creates: list[str] = Field(

@@ -473,3 +473,28 @@ def test_an_env_step_waits_only_for_what_it_references(project: Project) -> None
     assert statuses["settings"] == "changed" and statuses["uses"] == "changed"
     assert (project.path / "used.txt").read_text().split() == ["fast", "key.txt"]
     assert not (project.path / "late.txt").exists()
+
+
+def test_numbers_in_an_argv_list_are_words_and_a_number_for_a_string_says_quote_it(project: Project) -> None:
+    """Issue 14, item 10: `[echo, 1]` is the argv it looks like; `ref: 1.0` is refused with how to write it."""
+    project.write(
+        """
+        steps:
+          - name: words
+            run: {command: [sh, -c, 'echo "$@" > words.txt', sh, 8, 2.5, true]}
+        """
+    )
+    result = project.run("apply")
+    assert result.code == 0, result.text
+    assert (project.path / "words.txt").read_text().split() == ["8", "2.5", "true"]
+    project.write(
+        """
+        steps:
+          - name: src
+            git: {url: ./x.bundle, dest: src, ref: 1.0}
+        """
+    )
+    refused = project.run("validate")
+    assert refused.code == 2
+    assert "pipeline.yaml:3" in refused.err and "expected a string, got the number 1.0" in refused.err, refused.err
+    assert 'quote it as written (e.g. "1.0")' in refused.err
