@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import types
+import typing
 from typing import Any
 
 from pydantic import BaseModel
@@ -17,8 +19,18 @@ from runner.model import PipelineHeader, StepCommon
 from steps import KINDS, kind_class
 
 
+def _plain(annotation: Any) -> str:
+    """A type as a reader writes it: Annotated's metadata (validators) left out, Optional as `or None`."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _plain(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(_plain(a) for a in typing.get_args(annotation))
+    return str(annotation)
+
+
 def _type(info: FieldInfo) -> str:
-    text = str(info.annotation).replace("typing.", "").replace("NoneType", "None")
+    text = _plain(info.annotation).replace("typing.", "").replace("NoneType", "None")
     for noise in ("<class '", "'>"):
         text = text.replace(noise, "")
     return text.replace("|", "or")
