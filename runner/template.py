@@ -13,7 +13,6 @@ import re
 import shlex
 import socket
 import struct
-import sys
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -27,6 +26,7 @@ if TYPE_CHECKING:
     from runner.marks import MarkedData
     from runner.model import StepDecl
 
+from steps._support.interpreter import this_python
 from steps._support.words import TEMPLATE_MARKERS, TRUE_WORDS, is_template
 
 __all__ = ["TEMPLATE_MARKERS", "is_template"]
@@ -447,7 +447,7 @@ class Facts(Mapping[str, Any]):
         "home": lambda: os.path.expanduser("~"),
         "kernel": lambda: os.uname().release,
         "arch": lambda: os.uname().machine,
-        "python": lambda: sys.executable,  # the interpreter running runner
+        "python": this_python,  # the interpreter running runner, one spelling however it was started
     }
 
     def __init__(self) -> None:

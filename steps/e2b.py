@@ -24,11 +24,11 @@ import dataclasses
 import hashlib
 import json
 import signal
-import sys
 from typing import Any
 
 from pydantic import Field, field_validator
 
+from steps._support.interpreter import this_python
 from steps._support.process import run_process
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
 
@@ -179,7 +179,7 @@ class E2bStep(StepKind[E2bSpec]):
         return api_url, sandbox_url, key
 
     def _python(self) -> str:
-        return self.spec.python or sys.executable
+        return self.spec.python or this_python()
 
     def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
         api_url, sandbox_url, key = self._settings(ctx)

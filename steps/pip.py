@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from steps._support.files import atomic_write, content_digest
+from steps._support.interpreter import this_python
 from steps._support.process import run_process
 from steps._support.words import is_template
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
@@ -215,7 +215,7 @@ class PipStep(StepKind[PipSpec]):
         if found:
             return found
         if spec.python is None:
-            return sys.executable
+            return this_python()
         raise StepError(f"no interpreter {name!r} on PATH", hint="give `python:` as a full path")
 
     def target_python(self, ctx: StepContext) -> str:
