@@ -23,21 +23,51 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_INPUT)
 
 
+def _pipeline_options(parser: argparse.ArgumentParser, *, short: bool, top: bool = False) -> None:
+    """-f/--file, --var, --var-file, --debug: on the top-level parser (dest `top_*`) and on each command's."""
+    pre = "top_" if top else ""
+    names = ["-f", "--file"] if short else ["--file"]
+    parser.add_argument(
+        *names, dest=pre + "file", default=None, metavar="FILE", help="the pipeline file (default: pipeline.yaml)"
+    )
+    parser.add_argument(
+        "--var", dest=pre + "var", action="append", default=[], metavar="K=V", help="override a var (repeatable)"
+    )
+    parser.add_argument(
+        "--var-file",
+        dest=pre + "var_file",
+        action="append",
+        default=[],
+        metavar="FILE",
+        help="vars from a YAML mapping (repeatable; --var wins; also $RUNNER_VAR_FILE)",
+    )
+    parser.add_argument("--debug", dest=pre + "debug", action="store_true", help="show tracebacks of internal errors")
+
+
+def _merge_pipeline_options(args: argparse.Namespace) -> None:
+    """One value of each pipeline option, whether it was given before the command or after it."""
+    top, own = getattr(args, "top_file", None), getattr(args, "file", None)
+    if top and own and top != own:
+        raise UsageError(f"two pipeline files: -f {top} before the command and {own} after it")
+    args.file = own or top or "pipeline.yaml"
+    args.var = [*getattr(args, "top_var", []), *getattr(args, "var", [])]
+    args.var_file = [*getattr(args, "top_var_file", []), *getattr(args, "var_file", [])]
+    args.debug = bool(getattr(args, "top_debug", False) or getattr(args, "debug", False))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="runner",
         description="Converge this machine to pipeline.yaml: run only what is missing or stale; re-run to resume.",
     )
     parser.add_argument("--version", action="version", version="runner 0.1.0")
+    # The pipeline options go before the command (`runner -f FILE logs STEP -f`, as docker compose takes them) or
+    # after it (`runner plan -f FILE`); after `logs`, `-f` follows, so there the file is `--file`.
+    _pipeline_options(parser, short=True, top=True)
     common = _Parser(add_help=False)
-    common.add_argument("-f", "--file", default="pipeline.yaml", help="the pipeline file (default: pipeline.yaml)")
-    common.add_argument("--var", action="append", default=[], metavar="K=V", help="override a var (repeatable)")
-    common.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
-    # `logs -f` follows, as in docker and journalctl; there the pipeline file is `--file` only.
+    _pipeline_options(common, short=True)
     common_long = _Parser(add_help=False)
-    common_long.add_argument("--file", default="pipeline.yaml", help="the pipeline file (default: pipeline.yaml)")
-    common_long.add_argument("--var", action="append", default=[], metavar="K=V", help="override a var")
-    common_long.add_argument("--debug", action="store_true", help="show tracebacks of internal errors")
+    _pipeline_options(common_long, short=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def selection(p: argparse.ArgumentParser) -> None:
@@ -79,11 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        hint = ""
+        if args.command == "logs" and args.follow and len(extra) == 1 and not extra[0].startswith("-"):
+            hint = (
+                f" (after `logs`, -f means follow, as in docker compose: name the file before the command, "
+                f"`runner -f {extra[0]} logs {args.step} -f`, or with --file)"
+            )
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     if not args.command:
         parser.print_help()
         return EXIT_INPUT
-    debug = getattr(args, "debug", False) or os.environ.get("RUNNER_DEBUG") == "1"
+    debug = args.top_debug or getattr(args, "debug", False) or os.environ.get("RUNNER_DEBUG") == "1"
     from runner.errors import InputError, LockedError, StateError
 
     as_json = getattr(args, "json", False)
@@ -93,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({"event": "error", "time": round(time.time(), 3), "message": message}), flush=True)
 
     try:
+        _merge_pipeline_options(args)
         return dispatch(args)
     except UsageError as exc:
         print(f"runner: error: {exc}", file=sys.stderr)

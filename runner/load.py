@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from steps._support.words import is_template
 MAX_NODES = 100_000  # an alias bomb ("billion laughs") stops here
 MAX_DEPTH = 60
 MAX_BYTES = 10 * 1024 * 1024
+VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 # libyaml's parser where PyYAML has it (several times faster); the pure-Python one otherwise. Both give the
@@ -90,12 +92,12 @@ def parse_yaml(text: str, file: str) -> tuple[Any, MarkedData]:
         raise InputError(f"YAML error: {exc}", file=file) from None
 
 
-def read_text(path: Path) -> str:
+def read_text(path: Path, what: str = "pipeline file", missing_hint: str = " (use -f FILE to name another)") -> str:
     shown = str(path)
     if not path.exists():
-        raise InputError(f"no pipeline file at {path.resolve()} (use -f FILE to name another)")
+        raise InputError(f"no {what} at {path.resolve()}{missing_hint}")
     if path.is_dir():
-        raise InputError(f"{shown} is a directory, not a pipeline file")
+        raise InputError(f"{shown} is a directory, not a {what}")
     try:
         raw = path.read_bytes()
     except OSError as exc:
@@ -228,7 +230,24 @@ def _field_names(model: type[BaseModel], loc: tuple[str | int, ...]) -> list[str
     return [f for f in fields if f != "root"]
 
 
-def load_pipeline(path: str | os.PathLike[str], overrides: dict[str, str] | None = None) -> Pipeline:
+def read_var_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A `--var-file`: a YAML mapping of var names to values (any YAML value: a list of hosts, a number, ...)."""
+    file = Path(path)
+    text = read_text(file, "var file", "")
+    raw, data = parse_yaml(text, str(file))
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise data.error((), f"a var file is a mapping of var names to values, got {_describe(raw)}", field="")
+    for key in raw:
+        if not isinstance(key, str) or not VAR_NAME.match(key):
+            raise data.error(
+                (key,), f"{key!r} is not a var name: letters, digits and _, not starting with a digit", key=True
+            )
+    return dict(raw)
+
+
+def load_pipeline(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Pipeline:
     """Read, parse and check a pipeline file. Raises InputError (the first error found)."""
     file = Path(path)
     text = read_text(file)
@@ -236,7 +255,7 @@ def load_pipeline(path: str | os.PathLike[str], overrides: dict[str, str] | None
     return build_pipeline(raw, data, file, overrides or {})
 
 
-def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, str]) -> Pipeline:
+def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, Any]) -> Pipeline:
     if raw is None:
         raise InputError("the file is empty: expected a mapping with `steps:`", file=data.file, line=1)
     if not isinstance(raw, dict):

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import ROOT, Project
+from conftest import Project
 
 
 def _interpreters(tmp_path: Path) -> tuple[Path, Path]:
@@ -42,3 +42,57 @@ def test_facts_python_is_one_name_however_runner_is_started(project: Project, tm
     again = runner(python, "plan")  # as `python -m runner` starts it
     assert again.returncode == 0, again.stdout + again.stderr
     assert "nothing to do" in again.stdout
+
+
+def test_a_var_file_keeps_per_host_values_for_every_command(project: Project) -> None:
+    project.write(
+        """
+        name: hosts
+        vars: {who: nobody, hosts: []}
+        steps:
+          - name: greet
+            for_each: "{{ vars.hosts }}"
+            run: {command: [echo, "{{ vars.who }} on {{ item }}"]}
+        """
+    )
+    (project.path / "site.yaml").write_text("who: alice\nhosts: [gpu-1, gpu-2]\n")
+    (project.path / "late.yaml").write_text("who: bob\n")
+    first = project.run("apply", "-v", "--var-file", "site.yaml", "--var-file", "late.yaml")
+    assert first.code == 0, first.text
+    assert "bob on gpu-1" in first.out and "bob on gpu-2" in first.out  # the later file wins
+    # the same values from the environment: the later command means the same pipeline without repeating them
+    env = {**project.env(), "RUNNER_VAR_FILE": "site.yaml:late.yaml"}
+    plan = subprocess.run(project.argv("plan"), cwd=project.path, env=env, capture_output=True, text=True)
+    assert plan.returncode == 0 and "nothing to do" in plan.stdout, plan.stdout + plan.stderr
+    # --var wins over every file
+    override = subprocess.run(
+        project.argv("plan", "--var", "who=carol"), cwd=project.path, env=env, capture_output=True, text=True
+    )
+    assert override.returncode == 2 and "carol" in override.stdout, override.stdout
+
+
+def test_a_bad_var_file_names_its_file_and_line(project: Project) -> None:
+    project.write("name: t\nsteps:\n  - name: a\n    run: {command: [echo, hi]}\n")
+    (project.path / "list.yaml").write_text("- a\n- b\n")
+    (project.path / "names.yaml").write_text("ok: 1\n2bad: x\n")
+    (project.path / "syntax.yaml").write_text("a: [1, 2\n")
+    for file, expected in (
+        ("list.yaml", "list.yaml:1:1: a var file is a mapping"),
+        ("names.yaml", "names.yaml:2:1: "),
+        ("syntax.yaml", "syntax.yaml:2:"),
+        ("missing.yaml", "no var file at"),
+    ):
+        result = project.run("plan", "--var-file", file)
+        assert result.code == 2, result.text
+        assert expected in result.err and "Traceback" not in result.text, result.err
+
+
+def test_the_pipeline_file_goes_before_the_command_too(project: Project) -> None:
+    project.write("name: t\nsteps:\n  - name: a\n    run: {command: [echo, hello]}\n", name="other.yaml")
+    assert project.run("-f", "other.yaml", "apply").code == 0
+    shown = project.run("-f", "other.yaml", "logs", "a", "--run", "1")
+    assert shown.code == 0 and shown.out == "hello\n", shown.text
+    wrong = project.run("logs", "a", "-f", "other.yaml")  # -f follows after `logs`: the error says what to write
+    assert wrong.code == 2 and "runner -f other.yaml logs a -f" in wrong.err, wrong.err
+    both = project.run("-f", "other.yaml", "plan", "-f", "pipeline.yaml")
+    assert both.code == 2 and "two pipeline files" in both.err

@@ -211,17 +211,3 @@ def test_the_multinode_launcher_runs_on_the_head_as_upstream_runs_it() -> None:
     assert env["OPENENV_SANDBOX_BACKEND"] == "agentenv" and "E2B_API_KEY_FILE" in env
     assert "E2B_API_KEY" not in env  # only the file's path reaches the job
     assert "ray_jobs_api" in train["needs"]
-
-
-def test_the_multinode_header_logs_command_parses(tmp_path: Path) -> None:
-    """The header's `runner logs train --follow --file examples/multinode/pipeline.yaml` (it was `-f -f`: exit 2)."""
-    import shutil
-
-    root = Path(__file__).resolve().parent.parent
-    header = (root / "examples" / "multinode" / "pipeline.yaml").read_text()
-    line = next(x for x in header.splitlines() if x.startswith("#   runner logs "))
-    argv = line.lstrip("# ").split("#")[0].split()[1:]
-    (tmp_path / "examples" / "multinode").mkdir(parents=True)
-    shutil.copy(root / "examples" / "multinode" / "pipeline.yaml", tmp_path / "examples" / "multinode")
-    result = Project(tmp_path).run(*argv)
-    assert result.code == 1 and "train: no log yet" in result.text, result.text  # parsed; nothing launched yet

@@ -6,9 +6,9 @@ loading the pipeline with its reporter, making the engine, and naming an unknown
 from __future__ import annotations
 
 import argparse
-import re
+import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from runner.engine import Engine
@@ -17,18 +17,24 @@ if TYPE_CHECKING:
 
 EXIT_OK, EXIT_FAILED, EXIT_INPUT = 0, 1, 2
 EXIT_PENDING = 2  # plan: something would run, fail or is blocked
-VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class UsageError(Exception):
     pass
 
 
-def parse_vars(items: list[str]) -> dict[str, str]:
-    out: dict[str, str] = {}
+def parse_vars(items: list[str], files: list[str] | None = None) -> dict[str, Any]:
+    """The vars given on the command line: $RUNNER_VAR_FILE's files, then each --var-file, then each --var (the
+    last one given wins)."""
+    from runner.load import read_var_file
+
+    out: dict[str, Any] = {}
+    env_files = [f for f in os.environ.get("RUNNER_VAR_FILE", "").split(os.pathsep) if f]
+    for file in [*env_files, *(files or [])]:
+        out.update(read_var_file(file))
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not VAR_NAME.match(key):
+        if not sep or not _var_name(key):
             raise UsageError(f"--var {item!r}: expected NAME=VALUE, NAME made of letters, digits and _")
         out[key] = value
     return out
@@ -37,7 +43,7 @@ def parse_vars(items: list[str]) -> dict[str, str]:
 def load(args: argparse.Namespace) -> Pipeline:
     from runner.load import load_pipeline
 
-    return load_pipeline(args.file, parse_vars(args.var))
+    return load_pipeline(args.file, parse_vars(args.var, getattr(args, "var_file", [])))
 
 
 def reporter_for(args: argparse.Namespace, pipeline: Pipeline) -> Reporter:
@@ -76,3 +82,9 @@ def check_step(engine: Engine, name: str) -> None:
 
     if name not in engine.graph.names:
         raise InputError(f"no step named {name!r}" + suggest(name, list(engine.graph.names)))
+
+
+def _var_name(key: str) -> bool:
+    from runner.load import VAR_NAME
+
+    return bool(VAR_NAME.match(key))
