@@ -49,6 +49,12 @@ class StepRecord:
         return self.status == DONE
 
     @property
+    def item_keys(self) -> list[str] | None:
+        """A for_each step's record: its items' keys, in order; None for any other record."""
+        value = self._data.get("for_each")
+        return [str(k) for k in value] if isinstance(value, list) else None
+
+    @property
     def kind(self) -> str:
         return str(self._data.get("kind", ""))
 

@@ -96,3 +96,68 @@ def test_the_pipeline_file_goes_before_the_command_too(project: Project) -> None
     assert wrong.code == 2 and "runner -f other.yaml logs a -f" in wrong.err, wrong.err
     both = project.run("-f", "other.yaml", "plan", "-f", "pipeline.yaml")
     assert both.code == 2 and "two pipeline files" in both.err
+
+
+LOOP = """
+name: loop
+steps:
+  - name: check
+    needs: []
+    assert: {path: ./needed}
+  - name: bake
+    needs: []
+    for_each: [a, b]
+    run:
+      command: "echo baking {{ item }}; echo {{ item }} >> ran; touch made-{{ item }}"
+      creates: ["made-{{ item }}"]
+  - name: after
+    needs: [bake]
+    run: {command: [echo, "{{ steps.bake.count }} baked"]}
+"""
+
+
+def test_items_are_named_alike_by_every_command(project: Project) -> None:
+    project.write(LOOP)
+    (project.path / "needed").touch()
+    assert project.run("apply").code == 0
+    assert project.count("ran") == 2
+    forced = project.run("apply", "--force", "bake[b]")  # one item, not the loop
+    assert forced.code == 0 and (project.path / "ran").read_text() == "a\nb\nb\n", forced.text
+    explained = project.run("explain", "bake[a]")
+    assert explained.code == 0 and "decision: ok" in explained.out and '"made-a"' in explained.out, explained.text
+    unknown = project.run("explain", "bake[c]")
+    assert unknown.code == 2 and "bake has no item 'c'" in unknown.err, unknown.text
+    bad_item = project.run("apply", "--force", "bake[c]")  # bad input, found when the items render: exit 2
+    assert bad_item.code == 2 and "bake has no item 'c'" in bad_item.out, bad_item.text
+    assert project.run("apply", "--force", "check[x]").code == 2  # not a for_each step
+    assert project.run("forget", "bake[a]").code == 0
+    plan = project.run("plan")
+    assert plan.code == 2 and "1 of 2 items to run: a (no record yet)" in plan.out, plan.out
+    logs = project.run("logs", "bake")  # a loop's log is its items' logs
+    assert logs.code == 0 and "==> bake[a]" in logs.out and "baking b" in logs.out, logs.text
+    one = project.run("logs", "bake[b]")
+    assert one.code == 0 and one.out == "baking b\n", one.text
+
+
+def test_mark_done_accepts_what_the_next_apply_would_accept(project: Project) -> None:
+    project.write(LOOP)
+    refused = project.run("mark-done", "check")  # an assert is judged on every apply
+    assert refused.code == 2 and "cannot be marked done" in refused.err, refused.text
+    missing = project.run("mark-done", "bake")  # what it creates is not there: apply would run it anyway
+    assert missing.code == 1 and "made-a does not exist" in missing.err, missing.text
+    (project.path / "made-a").touch()
+    (project.path / "made-b").touch()
+    marked = project.run("mark-done", "bake")  # every item (it failed with "'item' is undefined")
+    assert marked.code == 0 and "2 item(s)" in marked.out, marked.text
+    (project.path / "needed").touch()
+    applied = project.run("apply")
+    assert applied.code == 0 and project.count("ran") == 0, applied.text
+    assert "2 items up to date" in applied.out
+
+
+def test_logs_shows_the_latest_run_when_the_record_has_no_log(project: Project) -> None:
+    project.write("name: t\nsteps:\n  - name: a\n    run: {command: [echo, hello]}\n")
+    assert project.run("apply").code == 0
+    assert project.run("mark-done", "a").code == 0  # a record with no log of its own
+    shown = project.run("logs", "a")
+    assert shown.code == 0 and shown.out == "hello\n", shown.text

@@ -76,12 +76,10 @@ def open_engine(args: argparse.Namespace) -> tuple[Engine, Reporter, Pipeline]:
     return Engine(pipeline, reporter, options), reporter, pipeline
 
 
-def check_step(engine: Engine, name: str) -> None:
-    from runner.errors import InputError
-    from runner.load import suggest
-
-    if name not in engine.graph.names:
-        raise InputError(f"no step named {name!r}" + suggest(name, list(engine.graph.names)))
+def check_step(engine: Engine, name: str, *, items: bool = True) -> str:
+    """The step a command names (`NAME`, or `NAME[key]` for one item of a for_each step); InputError (exit 2)
+    with the nearest name otherwise."""
+    return engine.check_target(name, items=items)
 
 
 def _var_name(key: str) -> bool:

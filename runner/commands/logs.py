@@ -12,8 +12,8 @@ from runner.commands import EXIT_FAILED, EXIT_OK, check_step, open_engine
 
 def run(args: argparse.Namespace) -> int:
     engine, _, _ = open_engine(args)
-    if "[" not in args.step:  # a for_each item's log is `name[key]`
-        check_step(engine, args.step)
+    check_step(engine, args.step)
+    if "[" not in args.step and engine.pipeline.step(args.step).common.for_each is None:
         if args.run is None:
             from steps.base import StepError
 
@@ -29,6 +29,18 @@ def run(args: argparse.Namespace) -> int:
                 return EXIT_FAILED
             except KeyboardInterrupt:
                 return EXIT_OK
+    step = engine.pipeline.step(args.step.partition("[")[0])
+    if step.common.for_each is not None and "[" not in args.step and args.run is None:
+        logs = engine.item_logs(args.step)
+        if not logs:
+            print(f"{args.step}: no item has a log yet", file=sys.stderr)
+            return EXIT_FAILED
+        if args.follow:  # one item's log is followed; a loop's are shown once each
+            return show_log(logs[-1][1], logs[-1][0], True)
+        for i, (item, path) in enumerate(logs):
+            sys.stdout.write(("\n" if i else "") + f"==> {item} ({path}) <==\n")
+            show_log(path, item, False)
+        return EXIT_OK
     return show_log(engine.log_of(args.step, args.run), args.step, args.follow)
 
 

@@ -5,70 +5,84 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator
+from glob import escape as glob_escape
 from pathlib import Path
 
 from runner.engine.plan import Planning
 from runner.engine.prepare import Prepared
 from runner.engine.schedule import Scheduling
 from runner.errors import InputError
+from runner.events import Decision
+from runner.model import StepDecl
 from runner.record import StepRecord
-from runner.state import iso, now, pipeline_lock
+from runner.state import iso, lock_holder, now, pipeline_lock
+from steps import kind_class
 from steps.base import StepError
 
 
 class Admin(Planning, Scheduling):
     """What the other commands ask: explain, forget, mark-done, stop, logs, env."""
 
-    def explain(self, name: str) -> str:
+    def explain(self, target: str) -> str:
         """One step's full reasoning, as plan would reach it: what it is, what it depends on, its rendered
-        spec, its record, and the decision with its reason (like `doit info`)."""
+        spec, its record, and the decision with its reason (like `doit info`). `NAME[key]`: one item of it."""
+        name, _, key = target.partition("[")
         decisions = {d.name: d for d in self.plan()}
         step = self.pipeline.step(name)
-        lines = [f"step {name} ({step.kind}), steps[{step.index}] of {self.pipeline.file}"]
+        lines = [
+            f"step {target} ({step.kind}), "
+            + ("an item of " if key else "")
+            + f"steps[{step.index}] of {self.pipeline.file}"
+        ]
         if step.common.description:
             lines.append(f"  description: {step.common.description}")
         deps = sorted(self.graph.deps[name], key=lambda n: self.pipeline.step(n).index)
         lines.append(f"  depends on: {', '.join(deps) if deps else 'nothing'}")
         dependents = sorted(self.graph.dependents[name], key=lambda n: self.pipeline.step(n).index)
         lines.append(f"  needed by: {', '.join(dependents) if dependents else 'nothing'}")
-        decision = decisions.get(name)
+        prep: Prepared | None = None
+        if key:
+            self._reach(name)
+            try:
+                items = self.items(step)
+            except InputError:
+                items = None  # items that do not render yet: said below
+            if items is not None:
+                self.check_item_targets(step, items, [target])  # an unknown key: exit 2, with the keys
+            try:
+                prep = self._prepare_through(target)
+            except InputError as exc:
+                lines.append(f"  spec: cannot render yet ({exc})")
+                return "\n".join(lines)
+            decision: Decision | None = self.decide(prep, crashed_ok=lock_holder(self.pipeline.state_dir) is None)
+        else:
+            decision = decisions.get(name)
         if decision is not None:
             lines.append(f"  decision: {decision.action} - {decision.reason}")
             for change in decision.changes:
                 lines.append(f"    {change}")
-        record = self.record(name)
-        if record is None:
-            lines.append("  record: none (it has never finished)")
-        else:
-            lines.append(
-                f"  record: {record.status or None}, finished {iso(record.finished)}"
-                + (f", took {record.duration:.2f}s" if record.duration is not None else "")
-                + (f", {record.attempts} attempt(s)" if record.attempts else "")
-            )
-            if record.error:
-                lines.append(f"    last error: {record.error}")
-            if record.outputs:
-                shown = json.dumps(record.outputs, sort_keys=True, default=str)
-                lines.append(f"    outputs: {shown[:400]}{'...' if len(shown) > 400 else ''}")
-        if step.common.for_each is not None:
+        record = self.record(target)
+        self._explain_record(lines, record)
+        if step.common.for_each is not None and not key:
             try:
                 items = self.items(step) or []
             except InputError as exc:
                 lines.append(f"  items: cannot render ({exc})")
             else:
-                lines.append(f"  items: {len(items)}")
+                lines.append(f"  items: {len(items)} (`runner explain '{name}[KEY]'` for one)")
                 for item in items:
                     rec = self.record(f"{name}[{item.key}]")
                     lines.append(f"    {item.key}: {rec.status if rec else 'no record'}")
             return "\n".join(lines)
-        try:
-            prep = self.prepare(step)
-        except InputError as exc:
-            lines.append(f"  spec: cannot render yet ({exc})")
-            return "\n".join(lines)
         if prep is None:
-            lines.append(f"  `when` is false: {step.common.when}")
-            return "\n".join(lines)
+            try:
+                prep = self.prepare(step)
+            except InputError as exc:
+                lines.append(f"  spec: cannot render yet ({exc})")
+                return "\n".join(lines)
+            if prep is None:
+                lines.append(f"  `when` is false: {step.common.when}")
+                return "\n".join(lines)
         lines.append(
             f"  fingerprint: {prep.fingerprint[:16]}"
             + (
@@ -91,11 +105,28 @@ class Admin(Planning, Scheduling):
             lines.append(f"  probe: {probe.status}" + (f" - {self.masker.mask(probe.reason)}" if probe.reason else ""))
         return "\n".join(lines)
 
+    def _explain_record(self, lines: list[str], record: StepRecord | None) -> None:
+        if record is None:
+            lines.append("  record: none (it has never finished)")
+            return
+        lines.append(
+            f"  record: {record.status or None}, finished {iso(record.finished)}"
+            + (f", took {record.duration:.2f}s" if record.duration is not None else "")
+            + (f", {record.attempts} attempt(s)" if record.attempts else "")
+        )
+        if record.error:
+            lines.append(f"    last error: {record.error}")
+        if record.outputs:
+            shown = json.dumps(record.outputs, sort_keys=True, default=str)
+            lines.append(f"    outputs: {shown[:400]}{'...' if len(shown) > 400 else ''}")
+
     def forget(self, name: str) -> bool:
+        """Drop a step's record (with its items' and its secrets), or only one item's (`NAME[key]`)."""
         with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
             self.load_state()
             existed = self.state.record(name) is not None or bool(self.secrets.get(name))
-            for item in [n for n in self.state.steps if n.startswith(f"{name}[")]:
+            items = [] if "[" in name else [n for n in self.state.steps if n.startswith(f"{name}[")]
+            for item in items:
                 self.state.replace(item, None)
                 self.secrets.put(item, None)
             self.state.replace(name, None)
@@ -103,37 +134,84 @@ class Admin(Planning, Scheduling):
             self.secrets.put(name, None)
             return existed
 
-    def _prepare_through(self, name: str) -> Prepared:
-        """Render one step as a run would reach it: records adopted and env steps rendered before it."""
+    def _prepare_through(self, target: str) -> Prepared:
+        """Render one step (or `NAME[key]`, one item of it) as a run would reach it: records adopted and env
+        steps rendered before it."""
+        name, _, key = target.partition("[")
+        step = self._reach(name)
+        if key:
+            return self._prepare_item(step, key[:-1])
+        if step.common.for_each is not None:
+            raise InputError(f"{name!r} is a for_each step: name one of its items, {name}[KEY]")
+        prep = self.prepare(step)
+        if prep is None:
+            raise InputError(f"step {name!r} is skipped (`when` is false)")
+        return prep
+
+    def _reach(self, name: str) -> StepDecl:
+        """Adopt the records and render the env steps before `name`, as a run reaches it; its declaration."""
         for other in self.graph.order():
             step = self.pipeline.step(other)
             self._adopt_record(other)
             if other == name:
-                prep = self.prepare(step)
-                if prep is None:
-                    raise InputError(f"step {name!r} is skipped (`when` is false)")
-                return prep
+                return step
             if step.exports_env:
                 with contextlib.suppress(InputError):
                     self.prepare(step)
         raise InputError(f"no step named {name!r}")
 
-    def mark_done(self, name: str) -> None:
-        """Accept the live state as done: record the current fingerprint without running the step."""
+    def _prepare_item(self, step: StepDecl, key: str) -> Prepared:
+        prep = self.prepare(step, item=self.item_named(step, key))
+        assert prep is not None
+        return prep
+
+    def mark_done(self, target: str) -> str:
+        """Accept the live state as done: record the current fingerprint without running the step (every item
+        of a for_each step, or the one named `NAME[key]`). Refused, with why, when the next apply would run it
+        anyway: a check (an assert is judged on every apply) or a probe that fails now (a missing `creates`)."""
         with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
             self.load_state()
-            prep = self._prepare_through(name)
-            marked = StepRecord.marked_done(
-                self.record(name),
-                kind=prep.step.kind,
-                fingerprint=prep.fingerprint,
-                spec=self.masker.mask_data(prep.spec),
-                upstream=prep.upstream,
-                when=now(),
-                run=self.run_id,
-            )
-            self.state.replace(name, marked.to_dict())
+            name, _, key = target.partition("[")
+            step = self.pipeline.step(name)
+            if not kind_class(step.kind).changes_system:
+                raise InputError(
+                    f"{name} is an {step.kind} step: it is checked on every apply, so it cannot be marked done; "
+                    "fix what it checks, or give it `when:` to skip it"
+                )
+            if step.common.for_each is not None and not key:
+                self._reach(name)
+                items = self.items(step)
+                if items is None:
+                    raise InputError(f"step {name!r} is skipped (`when` is false)")
+                preps = [self.prepare(step, item=item) for item in items]
+            else:
+                preps = [self._prepare_through(target)]
+                items = None
+            for prep in preps:
+                assert prep is not None
+                found = self._probe(prep)
+                if found.status != "ok":
+                    raise StepError(
+                        f"{prep.key}: not marked done: {self.masker.mask(found.reason) or found.status}; "
+                        "the next apply would run it anyway"
+                    )
+            for prep in preps:
+                assert prep is not None
+                marked = StepRecord.marked_done(
+                    self.record(prep.key),
+                    kind=prep.step.kind,
+                    fingerprint=prep.fingerprint,
+                    spec=self.masker.mask_data(prep.spec),
+                    upstream=prep.upstream,
+                    when=now(),
+                    run=self.run_id,
+                )
+                self.state.replace(prep.key, marked.to_dict())
+            if items is not None:
+                kept = [self.record(p.key) or StepRecord({}) for p in preps if p is not None]
+                self._gather(step, items, kept, True, 0.0)
             self.state.compact()
+            return f"{len(preps)} item(s)" if items is not None else target
 
     def stop(self, name: str) -> str:
         """Stop what a step started (a detached job). Raises StepError when there is nothing to stop."""
@@ -161,19 +239,42 @@ class Admin(Planning, Scheduling):
     def log_of(self, name: str, run: int | None = None) -> Path | None:
         """The log to show for a step: what it started (a job's log), else its last run's step log; with `run`,
         the log of its Nth most recent run (1: the latest) from .runner/logs."""
+        runs = self.runs_of(name)
         if run is not None:
-            runs = self.runs_of(name)
             if not 1 <= run <= len(runs):
                 raise InputError(f"{name} has {len(runs)} run log(s) kept; --run takes 1 (the latest) to {len(runs)}")
             return runs[run - 1]
         self.load_state()
+        candidates: list[Path] = []
         with contextlib.suppress(InputError, StepError):
             prep = self._prepare_through(name)
             path = prep.instance.log_file(prep.ctx)
             if path is not None:
-                return path
+                candidates.append(path)
         log = (self.record(name) or StepRecord({})).log or None
-        return Path(log) if isinstance(log, str) and log else None
+        if isinstance(log, str) and log:
+            candidates.append(Path(log))
+        candidates += runs[:1]  # the latest kept run's log, which `--run 1` shows
+        return next((p for p in candidates if p.is_file()), candidates[0] if candidates else None)
+
+    def item_logs(self, name: str) -> list[tuple[str, Path]]:
+        """For `runner logs LOOP`: each item's log (latest kept), in the items' recorded order."""
+        record = self.record(name)
+        keys = record.item_keys if record is not None else None
+        if keys is None:
+            keys = sorted({p.name[len(name) + 1 : -5] for p in self.runs_of_prefix(name)})
+        found = []
+        for key in keys:
+            path = self.log_of(f"{name}[{key}]")
+            if path is not None and path.is_file():
+                found.append((f"{name}[{key}]", path))
+        return found
+
+    def runs_of_prefix(self, name: str) -> list[Path]:
+        logs = self.pipeline.state_dir / "logs"
+        if not logs.is_dir():
+            return []
+        return [p for run in logs.iterdir() for p in run.glob(f"{glob_escape(name)}[[]*].log")]
 
     def exported_env(self) -> dict[str, str]:
         """Every variable the env steps export, rendered with the recorded outputs."""

@@ -64,15 +64,28 @@ class EngineBase:
             self.masker.add(value)
 
     def _check_names(self) -> None:
-        known = set(self.graph.names)
         wanted = [*self.options.only, *self.options.force]
         if self.options.from_step:
             wanted.append(self.options.from_step)
         for name in wanted:
-            if name not in known:
-                from runner.load import suggest
+            self.check_target(name, items=name in self.options.force)
 
-                raise InputError(f"no step named {name!r}" + suggest(name, list(known)))
+    def check_target(self, target: str, *, items: bool = True) -> str:
+        """The step a command names: `NAME`, or `NAME[key]` (an item of a for_each step) where `items` allows;
+        InputError otherwise. Returns the step's name (whether the item exists is known once its items render)."""
+        from runner.load import suggest
+
+        known = list(self.graph.names)
+        name, bracket, rest = target.partition("[")
+        if bracket and not (items and rest.endswith("]") and len(rest) > 1):
+            if not items:
+                raise InputError(f"{target!r}: name a step here, not an item")
+            raise InputError(f"{target!r}: an item is NAME[key], e.g. {name}[first]")
+        if name not in known:
+            raise InputError(f"no step named {name!r}" + suggest(name, known))
+        if bracket and self.pipeline.step(name).common.for_each is None:
+            raise InputError(f"{target!r}: step {name!r} has no items (it has no for_each)")
+        return name
 
     def selected(self) -> set[str]:
         """The steps this run may execute: `--only` (with what they need) and `--from` (it and what follows)."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from tenacity import retry_if_exception_type, wait_fixed
 
 from runner.engine.observe import Deciding
-from runner.engine.prepare import Prepared
+from runner.engine.prepare import Item, Prepared
 from runner.errors import InputError
 from runner.events import Decision, Result, Status
 from runner.fingerprint import digest
@@ -74,6 +74,10 @@ class Executing(Deciding):
             return self._report(Result(name, "failed", error=str(exc), input_error=True))
         if items is None:
             return self._skipped(step)
+        try:
+            self.check_item_targets(step, items, self.options.force)
+        except InputError as exc:
+            return self._report(Result(name, "failed", error=str(exc), input_error=True))
         ran = 0
         kept: list[StepRecord] = []
         for item in items:
@@ -101,11 +105,27 @@ class Executing(Deciding):
                 ran += 1
             kept.append(self.record(prep.key) or StepRecord({}))
         self.reporter.progress(name, len(items), len(items), "items")
+        self._gather(step, items, kept, ran > 0, time.monotonic() - started)
+        keys = [i.key for i in items]
+        changes = kind_class(step.kind).changes_system
+        duration = time.monotonic() - started
+        shown = {"keys": keys, "count": len(items)}
+        if ran:
+            summary = f"{ran} of {len(items)} items ran"
+            result = Result(name, "changed" if changes else "ok", summary, duration, note=summary, outputs=shown)
+        else:
+            result = Result(name, "ok", f"{len(items)} items up to date", duration, outputs=shown)
+        self.reporter.step_finished(result)
+        return result
+
+    def _gather(self, step: StepDecl, items: list[Item], kept: list[StepRecord], ran: bool, duration: float) -> None:
+        """A for_each step's own record from its items' (when something moved), the outputs and digest later
+        steps see, and the records of items no longer in the list dropped."""
+        name = step.name
         outputs = [{**r.outputs, **self.secrets.get(f"{name}[{i.key}]")} for r, i in zip(kept, items, strict=True)]
         keys = [i.key for i in items]
-        aggregate = {"items": outputs, "keys": keys, "count": len(items)}
         output_digest = digest({"items": [r.recorded_output_digest for r in kept], "keys": keys})
-        self.outputs[name] = aggregate
+        self.outputs[name] = {"items": outputs, "keys": keys, "count": len(items)}
         self.digests[name] = output_digest
         previous = self.record(name)
         if ran or previous is None or previous.output_digest != output_digest or not previous.is_done:
@@ -118,7 +138,7 @@ class Executing(Deciding):
                 outputs=masked,
                 output_digest=output_digest,
                 finished=now(),
-                duration=time.monotonic() - started,
+                duration=duration,
                 run=self.run_id,
             )
             self.state.replace(name, record.to_dict())
@@ -126,16 +146,6 @@ class Executing(Deciding):
         for stale in [n for n in self.state.steps if n.startswith(f"{name}[") and n not in current]:
             self.state.replace(stale, None)  # an item no longer in the list
             self.secrets.put(stale, None)
-        changes = kind_class(step.kind).changes_system
-        duration = time.monotonic() - started
-        shown = {"keys": keys, "count": len(items)}
-        if ran:
-            summary = f"{ran} of {len(items)} items ran"
-            result = Result(name, "changed" if changes else "ok", summary, duration, note=summary, outputs=shown)
-        else:
-            result = Result(name, "ok", f"{len(items)} items up to date", duration, outputs=shown)
-        self.reporter.step_finished(result)
-        return result
 
     def _execute(self, prep: Prepared, decision: Decision, started: float, log_path: Path) -> Result:
         name = prep.key

@@ -16,7 +16,7 @@ class Deciding(Preparing):
     def decide(self, prep: Prepared, crashed_ok: bool) -> Decision:
         """Look at what runner.decide asks for (the record always; the changes or the probe), then decide."""
         record = self.record(prep.key)
-        forced = prep.step.name in self.options.force
+        forced = prep.step.name in self.options.force or prep.key in self.options.force
         changes: list[str] = []
         live: str | None = None
         probe: Probe | None = None

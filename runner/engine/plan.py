@@ -19,6 +19,7 @@ class Planning(Deciding):
         items = self.items(step)
         if items is None:
             return Decision(name, "skip", f"`when` is false: {step.common.when}")
+        self.check_item_targets(step, items, self.options.force)
         if pending_up:
             return Decision(name, "maybe", _after(pending_up, failing_up) + f" ({len(items)} items)")
         to_run: list[str] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,6 +133,25 @@ class Preparing(EngineBase):
             seen[key] = index
             items.append(Item(key, entry, index))
         return items
+
+    def check_item_targets(self, step: StepDecl, items: list[Item], targets: Iterable[str]) -> None:
+        """Each `NAME[key]` among `targets` (--force, mark-done, ...) names an item this step has."""
+        prefix = step.name + "["
+        wanted = [t[len(prefix) : -1] for t in targets if t.startswith(prefix) and t.endswith("]")]
+        keys = [i.key for i in items]
+        for key in wanted:
+            if key not in keys:
+                from runner.load import suggest
+
+                raise InputError(f"{step.name} has no item {key!r}" + suggest(key, keys))
+
+    def item_named(self, step: StepDecl, key: str) -> Item:
+        """The item `key` of a for_each step (its items rendered as a run would)."""
+        items = self.items(step)
+        if items is None:
+            raise InputError(f"step {step.name!r} is skipped (`when` is false)")
+        self.check_item_targets(step, items, [f"{step.name}[{key}]"])
+        return next(i for i in items if i.key == key)
 
     def prepare(self, step: StepDecl, log_path: Path | None = None, item: Item | None = None) -> Prepared | None:
         """Render a step (or one item of it); None when its `when` is false. Raises InputError for template
