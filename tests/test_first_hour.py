@@ -161,3 +161,20 @@ def test_logs_shows_the_latest_run_when_the_record_has_no_log(project: Project) 
     assert project.run("mark-done", "a").code == 0  # a record with no log of its own
     shown = project.run("logs", "a")
     assert shown.code == 0 and shown.out == "hello\n", shown.text
+
+
+def test_plan_shows_the_element_of_a_list_that_changed(project: Project) -> None:
+    path = project.write("name: t\nsteps:\n  - name: a\n    run: {command: [echo, make.py, --n, '8', --out, x]}\n")
+    assert project.run("apply").code == 0
+    path.write_text(path.read_text().replace("'8'", "'16'"))
+    plan = project.run("plan")
+    assert plan.code == 2 and 'command[3]: "8" -> "16"' in plan.out, plan.out
+    path.write_text(path.read_text().replace("--out, x", "--out, x, --smoke"))
+    plan = project.run("plan")
+    assert 'command[3]: "8" -> "16"' in plan.out and 'command[6]: added "--smoke"' in plan.out, plan.out
+    long_tail = "echo " + "a" * 80
+    path.write_text(f"name: t\nsteps:\n  - name: a\n    run: {{command: '{long_tail} one'}}\n")
+    assert project.run("apply").code == 0
+    path.write_text(f"name: t\nsteps:\n  - name: a\n    run: {{command: '{long_tail} two'}}\n")
+    plan = project.run("plan")
+    assert "one" in plan.out and "two" in plan.out, plan.out  # a long string is cut where it differs
