@@ -91,6 +91,10 @@ def generate() -> str:
         else:
             out += _fields(spec) + [""]
         extra = []
+        if cls.outputs is not None:
+            extra.append("outputs (`{{ steps.NAME.x }}`): " + ", ".join(f"`{o}`" for o in sorted(cls.outputs)))
+        else:
+            extra.append("outputs: every variable exported so far")
         if cls.cosmetic_fields:
             extra.append(
                 "cosmetic (not in the fingerprint): " + ", ".join(f"`{f}`" for f in sorted(cls.cosmetic_fields))

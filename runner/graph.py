@@ -1,7 +1,8 @@
 """The DAG: file order, `needs`, template references and earlier env steps.
 
 Two kinds of edge:
-- data edges (``deps``): `needs`, `steps.X` references in templates, and every earlier env step. Their
+- data edges (``deps``): `needs`, `steps.X` references in templates, and every earlier env step (for a step
+  with `needs: []`, only the env steps exporting an `env.X` it reads: load.py adds them to its needs). Their
   output digests go into the fingerprint, so a changed upstream re-runs its dependents.
 - order edges (``after``): a step without `needs` comes after the steps before it in the file, as in a
   script. These only order; they do not re-run anything.
@@ -29,6 +30,7 @@ class Node:
     refs: frozenset[str]
     declares_needs: bool
     exports_env: bool
+    independent: bool = False  # `needs: []`: no file-order edges and no earlier env steps (only its needs)
 
 
 class CycleError(ValueError):
@@ -44,6 +46,9 @@ class Graph:
     after: dict[str, list[str]]  # data edges plus order edges: what must finish before a step starts
     dependents: dict[str, list[str]] = field(default_factory=dict)
     kinds: dict[str, str] = field(default_factory=dict)
+    # the env steps whose exports a step sees, in file order: every earlier one, or for a `needs: []` step
+    # only those it depends on (transitively)
+    env_view: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def order(self) -> list[str]:
         """A topological order that keeps file order wherever the edges allow."""
@@ -90,9 +95,20 @@ def build_graph(steps: Sequence[Node]) -> Graph:
     deps: dict[str, list[str]] = {}
     after: dict[str, list[str]] = {}
     env_steps: list[str] = []
+    env_view: dict[str, tuple[str, ...]] = {}
+    every_env: tuple[str, ...] = ()  # one shared tuple per stretch between env steps: no copy per step
+    position = {s.name: i for i, s in enumerate(steps)}
+    is_env = {s.name for s in steps if s.exports_env}
     frontier: list[str] = []  # earlier steps nothing later has waited on yet
     for step in steps:
-        data = list(dict.fromkeys([*step.needs, *sorted(step.refs), *env_steps]))
+        own = [*step.needs, *sorted(step.refs)]
+        if step.independent:
+            data = list(dict.fromkeys(own))
+            seen = {e for d in data if d in env_view for e in (*env_view[d], *([d] if d in is_env else []))}
+            env_view[step.name] = tuple(sorted(seen, key=position.__getitem__))
+        else:
+            data = list(dict.fromkeys([*own, *env_steps]))
+            env_view[step.name] = every_env
         deps[step.name] = data
         if step.declares_needs or step.exports_env:
             order = data
@@ -103,11 +119,12 @@ def build_graph(steps: Sequence[Node]) -> Graph:
         frontier = [n for n in frontier if n not in waited] + [step.name]
         if step.exports_env:
             env_steps.append(step.name)
+            every_env = tuple(env_steps)
     dependents: dict[str, list[str]] = {n: [] for n in names}
     for name in names:
         for dep in after[name]:
             dependents[dep].append(name)
-    graph = Graph(names, deps, after, dependents, {s.name: s.kind for s in steps})
+    graph = Graph(names, deps, after, dependents, {s.name: s.kind for s in steps}, env_view)
     cycle = find_cycle(graph)
     if cycle:
         raise CycleError(cycle)

@@ -373,9 +373,18 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
     from runner.graph import CycleError, Node, build_graph
     from runner.template import check_templates
 
-    refs = check_templates(steps, variables, data)
+    refs, env_refs = check_templates(steps, variables, data)
     complete = tuple(dataclasses.replace(s, refs=frozenset(refs[s.name])) for s in steps)
-    nodes = [Node(s.name, s.kind, tuple(s.common.needs), s.refs, s.declares_needs, s.exports_env) for s in complete]
+    nodes = []
+    exporters: dict[str, str] = {}  # a variable -> the latest env step above that exports it
+    for s in complete:
+        independent = s.declares_needs and not s.common.needs
+        # `needs: []`: no order edges and no earlier env steps, except those exporting an `env.X` it reads
+        reads = tuple(dict.fromkeys(exporters[v] for v in sorted(env_refs[s.name]) if v in exporters))
+        needs = (*s.common.needs, *(reads if independent else ()))
+        nodes.append(Node(s.name, s.kind, needs, s.refs, s.declares_needs, s.exports_env, independent))
+        if s.exports_env and isinstance(s.raw, dict):
+            exporters.update(dict.fromkeys((str(k) for k in s.raw), s.name))
     try:
         graph = build_graph(nodes)
     except CycleError as exc:

@@ -107,9 +107,27 @@ class _Environment(SandboxedEnvironment):
         # the dict method of that name (Jinja's default tries the attribute first).
         if isinstance(obj, Mapping) and attribute in obj:
             return obj[attribute]
+        if isinstance(obj, EnvView):
+            return obj.unset(self, attribute)
         if isinstance(obj, str) and attribute in ("format", "format_map", "ljust", "rjust", "center", "zfill"):
             _check_call(None, (obj,), {})
         return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        if isinstance(obj, EnvView) and isinstance(argument, str) and argument not in obj:
+            return obj.unset(self, argument)
+        return super().getitem(obj, argument)
+
+
+class EnvView(dict[str, str]):
+    """`env` in templates: runner's environment and the exports of the env steps a step sees. A variable that
+    is not set is an error that says so (not Jinja's "'dict object' has no attribute")."""
+
+    def unset(self, environment: SandboxedEnvironment, name: str) -> Any:
+        return environment.undefined(
+            hint=f"env.{name} is not set (not in runner's environment, nor exported by an env step this step "
+            f"sees); `{{{{ env.{name} | default('') }}}}` makes it optional"
+        )
 
 
 @functools.lru_cache(maxsize=1)
@@ -308,8 +326,9 @@ def _guarded(node: nodes.Node, parents: dict[int, nodes.Node]) -> bool:
 
 
 @functools.lru_cache(maxsize=4096)
-def template_names(source: str) -> tuple[frozenset[str], tuple[tuple[str, str, bool], ...]]:
-    """(undeclared top-level names, ((root, attr, guarded), ...)) used by a template."""
+def template_names(source: str) -> tuple[frozenset[str], tuple[tuple[str, str, bool, str | None], ...]]:
+    """(undeclared top-level names, ((root, attr, guarded, next attr), ...)) used by a template: `steps.a.x`
+    gives ("steps", "a", False, "x")."""
     from jinja2 import meta
 
     tree = _parse(source)
@@ -318,13 +337,24 @@ def template_names(source: str) -> tuple[frozenset[str], tuple[tuple[str, str, b
     for parent in tree.find_all(nodes.Node):
         for child in parent.iter_child_nodes():
             parents[id(child)] = parent
-    uses: list[tuple[str, str, bool]] = []
+    uses: list[tuple[str, str, bool, str | None]] = []
     for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
-        for root in ("vars", "steps"):
+        for root in ("vars", "steps", "env"):
             attr = _attr_of(node, root)
             if attr is not None:
-                uses.append((root, attr, _guarded(node, parents)))
+                uses.append((root, attr, _guarded(node, parents), _next_attr(node, parents)))
     return undeclared, tuple(uses)
+
+
+def _next_attr(node: nodes.Node, parents: dict[int, nodes.Node]) -> str | None:
+    """For `steps.a.stdout` (or `steps.a['stdout']`), given the node of `steps.a`: "stdout"."""
+    parent = parents.get(id(node))
+    if isinstance(parent, nodes.Getattr) and parent.node is node:
+        return parent.attr
+    if isinstance(parent, nodes.Getitem) and parent.node is node and isinstance(parent.arg, nodes.Const):
+        value = parent.arg.value
+        return value if isinstance(value, str) else None
+    return None
 
 
 @functools.lru_cache(maxsize=4096)
@@ -338,10 +368,26 @@ def _private_attributes(source: str) -> str | None:
     return None
 
 
-def check_templates(steps: Sequence[StepDecl], variables: Mapping[str, Any], marks: MarkedData) -> dict[str, set[str]]:
-    """Syntax, unknown names, unknown vars and unknown steps, at load time; returns each step's references."""
+def declared_outputs(step: StepDecl) -> frozenset[str] | None:
+    """The outputs `steps.NAME.x` may name: a for_each step's aggregate, else what its kind declares (None: any,
+    as an env step's, whose outputs are every variable exported so far)."""
+    if step.common.for_each is not None:
+        return frozenset({"items", "keys", "count"})
+    from steps import kind_class
+
+    return kind_class(step.kind).outputs
+
+
+def check_templates(
+    steps: Sequence[StepDecl], variables: Mapping[str, Any], marks: MarkedData
+) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Syntax, unknown names, unknown vars, unknown steps and outputs, at load time; returns each step's
+    references to steps and the `env.X` names it reads."""
     names = {s.name for s in steps}
+    by_name = {s.name: s for s in steps}
+    outputs_of = {s.name: declared_outputs(s) for s in steps}
     refs: dict[str, set[str]] = {s.name: set() for s in steps}
+    env_refs: dict[str, set[str]] = {s.name: set() for s in steps}
     for step in steps:
         sources: list[tuple[tuple[str | int, ...], str, str]] = []
         for path, text in iter_strings(step.raw, ("steps", step.index, step.kind)):
@@ -380,7 +426,7 @@ def check_templates(steps: Sequence[StepDecl], variables: Mapping[str, Any], mar
                     field=field,
                 )
             allowed = CONTEXT_NAMES | ({"item", "item_index"} if loop is not None else set())
-            for root, attr, guarded in uses:
+            for root, attr, guarded, output in uses:
                 if root == "vars" and attr not in variables and not guarded:
                     known = ", ".join(sorted(variables)) or "none"
                     raise marks.error(
@@ -392,7 +438,21 @@ def check_templates(steps: Sequence[StepDecl], variables: Mapping[str, Any], mar
                     if attr == step.name:
                         raise marks.error(path, "a step cannot reference its own outputs", field=field)
                     refs[step.name].add(attr)
-    return refs
+                    known_outputs = outputs_of.get(attr)
+                    if output is not None and known_outputs is not None and output not in known_outputs:
+                        from runner.load import suggest
+
+                        kind = by_name[attr].kind
+                        if by_name[attr].common.for_each is not None:
+                            kind = f"a for_each {kind}"
+                        raise marks.error(
+                            path,
+                            f"step {attr!r} ({kind}) has no output {output!r}" + suggest(output, sorted(known_outputs)),
+                            field=field,
+                        )
+                if root == "env" and not guarded:
+                    env_refs[step.name].add(attr)
+    return refs, env_refs
 
 
 # ---- facts: computed on first use -----------------------------------------------------------------------

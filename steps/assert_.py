@@ -93,6 +93,7 @@ def _sysctl_failure(key: str, lowest: int) -> list[str]:
 class AssertStep(StepKind[AssertSpec]):
     kind = "assert"
     Spec = AssertSpec
+    outputs = frozenset({"passed"})
     cosmetic_fields = frozenset({"message"})
     changes_system = False
 

@@ -132,6 +132,8 @@ class StepKind(Generic[SpecT]):
     exports_env: ClassVar[bool] = False
     # False for checks: a run that passes reports `ok`, not `changed`.
     changes_system: ClassVar[bool] = True
+    # The outputs `{{ steps.NAME.x }}` may name, checked at load time; None: not fixed (an env step's).
+    outputs: ClassVar[frozenset[str] | None] = None
 
     def __init__(self, spec: SpecT) -> None:
         self.spec: SpecT = spec

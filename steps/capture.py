@@ -49,6 +49,7 @@ class CaptureSpec(SpecModel):
 class CaptureStep(StepKind[CaptureSpec]):
     kind = "capture"
     Spec = CaptureSpec
+    outputs = frozenset({"value"})
 
     def secret_outputs(self) -> frozenset[str]:
         return frozenset({"value"}) if self.spec.secret else frozenset()

@@ -162,6 +162,7 @@ def _show(value: Any) -> str:
 class DockerStep(StepKind[DockerSpec]):
     kind = "docker"
     Spec = DockerSpec
+    outputs = frozenset({"container_id", "name", "image_id", "ports", "host", "hostname"})
     cosmetic_fields = frozenset({"stop_timeout"})
 
     # ---- the config that needs a recreate ----------------------------------------------------------------

@@ -166,6 +166,7 @@ def key_digest(key: str) -> str:
 class E2bStep(StepKind[E2bSpec]):
     kind = "e2b"
     Spec = E2bSpec
+    outputs = frozenset({"exit_code", "stdout", "sdk_version", "api_url", "key_digest"})
     changes_system = False
     cosmetic_fields = frozenset({"timeout", "sandbox_timeout"})
 

@@ -79,6 +79,7 @@ def _is_network(exc: BaseException) -> bool:
 class GitStep(StepKind[GitSpec]):
     kind = "git"
     Spec = GitSpec
+    outputs = frozenset({"commit", "path", "branch"})
     cosmetic_fields = frozenset({"attempts"})
 
     # ---- probe: file reads only --------------------------------------------------------------------------

@@ -102,6 +102,7 @@ def _when(ts: Any) -> str:
 class LaunchStep(StepKind[LaunchSpec]):
     kind = "launch"
     Spec = LaunchSpec
+    outputs = frozenset({"exit_code", "detached", "pid", "started", "log", "submission_id", "address", "status"})
     cosmetic_fields = frozenset({"stop_signal", "stop_timeout", "log"})
 
     def streams_output(self) -> bool:

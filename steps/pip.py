@@ -203,6 +203,7 @@ class PipSpec(SpecModel):
 class PipStep(StepKind[PipSpec]):
     kind = "pip"
     Spec = PipSpec
+    outputs = frozenset({"versions", "python"})
 
     # ---- where ----------------------------------------------------------------------------------------
 

@@ -66,6 +66,7 @@ class RunSpec(SpecModel):
 class RunStep(StepKind[RunSpec]):
     kind = "run"
     Spec = RunSpec
+    outputs = frozenset({"stdout", "rc", "cwd"})
 
     def probe(self, ctx: StepContext) -> Probe:
         for pattern in self.spec.creates:

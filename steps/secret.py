@@ -35,6 +35,7 @@ class SecretSpec(SpecModel):
 class SecretStep(StepKind[SecretSpec]):
     kind = "secret"
     Spec = SecretSpec
+    outputs = frozenset({"value"})
 
     def _fits(self, value: str | None) -> bool:
         spec = self.spec

@@ -23,6 +23,7 @@ from steps.base import StepContext, StepKind
 class WaitStep(StepKind[Readiness]):
     kind = "wait"
     Spec = Readiness
+    outputs = frozenset({"answer", "target"})
     changes_system = False
     cosmetic_fields = frozenset({"interval"})
 

@@ -437,7 +437,7 @@ def test_schema_is_json_schema_of_every_kind(project: Project) -> None:
 def test_an_env_step_waits_only_for_what_it_references(project: Project) -> None:
     """An env step is not a barrier: it orders after what its values reference and its needs, not after every
     step above it; so a failing prerequisite above it blocks only what depends on that prerequisite. A step
-    still sees (so waits for) the exports of every env step above it."""
+    with `needs: []` that reads an export (`{{ env.X }}`) waits for the env step that exports it."""
     project.write(
         """
         steps:
@@ -450,13 +450,13 @@ def test_an_env_step_waits_only_for_what_it_references(project: Project) -> None
             env: {KEY_FILE: "{{ steps.key.stdout }}", MODE: fast}
           - name: uses
             needs: []
-            run: {command: "echo $MODE $KEY_FILE > used.txt"}
+            run: {command: "echo {{ env.MODE }} {{ env.KEY_FILE }} > used.txt"}
           - name: device_env
             env: {DEVICE: /no/such/device}
             needs: [broken]
           - name: late
             needs: []
-            run: {command: "echo $DEVICE > late.txt"}
+            run: {command: "echo {{ env.DEVICE }} > late.txt"}
         """
     )
     plan = project.run("plan")

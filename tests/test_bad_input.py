@@ -125,11 +125,13 @@ def test_alias_bomb_is_refused(project: Project) -> None:
 
 
 def test_undefined_output_at_run_time_names_step_and_field(project: Project) -> None:
+    """An env step's outputs are the variables exported so far, so only a run knows them; a kind with fixed
+    outputs is checked at load time (tests/test_first_hour.py)."""
     project.write(
         """
         steps:
           - name: a
-            run: {command: "true"}
+            env: {X: "1"}
           - name: b
             run: {command: "echo {{ steps.a.nothing }}"}
         """
@@ -137,5 +139,5 @@ def test_undefined_output_at_run_time_names_step_and_field(project: Project) -> 
     result = project.run("apply")
     assert result.code == 2, result.text
     assert "pipeline.yaml:5:20: steps[1] (b).run.command" in result.out
-    assert "step 'a' has no output 'nothing' (its outputs: cwd, rc, stdout)" in result.out
+    assert "step 'a' has no output 'nothing' (its outputs: X" in result.out
     assert "Traceback" not in result.text

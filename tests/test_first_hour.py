@@ -178,3 +178,74 @@ def test_plan_shows_the_element_of_a_list_that_changed(project: Project) -> None
     path.write_text(f"name: t\nsteps:\n  - name: a\n    run: {{command: '{long_tail} two'}}\n")
     plan = project.run("plan")
     assert "one" in plan.out and "two" in plan.out, plan.out  # a long string is cut where it differs
+
+
+def test_needs_empty_is_independent_of_earlier_env_steps(project: Project) -> None:
+    project.write(
+        """
+        name: indep
+        steps:
+          - name: slow
+            needs: []
+            run: {command: "sleep 0.3; echo slow >> order"}
+          - name: settings
+            needs: [slow]
+            env: {SETTING: "from-settings", OTHER: "x"}
+          - name: free
+            needs: []
+            run: {command: "echo free-${SETTING:-unset} >> order"}
+          - name: reader
+            needs: []
+            run: {command: [sh, -c, "echo reader-{{ env.OTHER }} >> order"]}
+          - name: later
+            run: {command: "echo later-$SETTING >> order"}
+        """
+    )
+    graph = project.run("graph")
+    assert graph.code == 0, graph.text
+    from runner.load import load_pipeline
+
+    pipeline = load_pipeline(project.path / "pipeline.yaml")
+    assert pipeline.graph.deps["free"] == []  # it waited for `settings` (so for `slow`) before
+    assert pipeline.graph.deps["reader"] == ["settings"]  # it reads env.OTHER, which settings exports
+    assert "settings" in pipeline.graph.deps["later"]
+    applied = project.run("apply", "-j", "3")
+    assert applied.code == 0, applied.text
+    order = (project.path / "order").read_text().splitlines()
+    assert order[0] == "free-unset", order  # it ran at once, and sees no export it does not depend on
+    assert order.index("slow") < order.index("reader-x") and order[-1] == "later-from-settings", order
+
+
+def test_a_misspelled_output_is_found_at_load_time(project: Project) -> None:
+    project.write(
+        """
+        name: typo
+        steps:
+          - name: a
+            run: {command: [echo, hi]}
+          - name: loop
+            for_each: [x]
+            run: {command: [echo, "{{ item }}"]}
+          - name: b
+            run: {command: [echo, "{{ steps.a.stdoutt }}"]}
+        """
+    )
+    for command in ("validate", "plan"):
+        result = project.run(command)
+        assert result.code == 2, result.text
+        assert "pipeline.yaml:9:" in result.err and "step 'a' (run) has no output 'stdoutt'" in result.err
+        assert "did you mean 'stdout'" in result.err
+    assert not (project.path / ".runner" / "state.json").exists()
+    path = project.path / "pipeline.yaml"
+    path.write_text(path.read_text().replace("steps.a.stdoutt", "steps.loop['stdout']"))
+    result = project.run("validate")
+    assert result.code == 2 and "step 'loop' (a for_each run) has no output 'stdout'" in result.err, result.err
+    path.write_text(path.read_text().replace("steps.loop['stdout']", "steps.loop.count"))
+    assert project.run("validate").code == 0
+
+
+def test_an_unset_env_variable_says_so(project: Project) -> None:
+    project.write('name: t\nsteps:\n  - name: a\n    run: "echo {{ env.RUNNER_TEST_UNSET }}"\n')
+    result = project.run("plan")
+    assert result.code == 2 and "env.RUNNER_TEST_UNSET is not set" in result.err, result.err
+    assert "'dict object'" not in result.err and "default('')" in result.err

@@ -18,7 +18,7 @@ from runner.fingerprint import digest, step_fingerprint
 from runner.load import validation_errors
 from runner.model import StepDecl
 from runner.record import StepRecord
-from runner.template import Outputs, RenderError, render_data, render_string, render_value, when_source
+from runner.template import EnvView, Outputs, RenderError, render_data, render_string, render_value, when_source
 from steps import kind_class
 from steps._support.words import FALSE_WORDS, TRUE_WORDS
 from steps.base import StepContext, StepKind
@@ -56,15 +56,15 @@ class Preparing(EngineBase):
 
     def _exported_before(self, step: StepDecl) -> dict[str, str]:
         merged: dict[str, str] = {}
-        for other in self.pipeline.steps[: step.index]:
-            if other.name in self.exports:
-                merged.update(self.exports[other.name])
+        for other in self.graph.env_view[step.name]:
+            if other in self.exports:
+                merged.update(self.exports[other])
         return merged
 
     def _context(self, step: StepDecl, exported: dict[str, str], item: Item | None = None) -> dict[str, Any]:
         context: dict[str, Any] = {
             "vars": self.pipeline.vars,
-            "env": {**os.environ, **exported},
+            "env": EnvView({**os.environ, **exported}),
             "facts": self.facts,
             "steps": {name: Outputs(name, self.outputs[name]) for name in step.refs if name in self.outputs},
         }
