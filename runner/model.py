@@ -30,6 +30,11 @@ class PipelineHeader(BaseModel):
         default_factory=list,
         description="Names of vars whose values are secret: masked in all output, logs and state.",
     )
+    not_secret: list[str] = Field(
+        default_factory=list,
+        description="Names that look secret but are not (a var or field named like `*_KEY`, `*_TOKEN`, "
+        "`*_SECRET`, `*_PASSWORD` is masked; list it here to show its value).",
+    )
 
 
 class StepCommon(BaseModel):
@@ -95,6 +100,7 @@ class Pipeline:
     marks: MarkedData
     graph: Graph
     by_name: dict[str, StepDecl] = field(default_factory=dict, compare=False)
+    not_secret: frozenset[str] = frozenset()
 
     @property
     def dir(self) -> Path:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from pathlib import Path
 
@@ -10,10 +11,58 @@ MASK = "********"
 MIN_SECRET_LENGTH = 4  # shorter values would mask ordinary text
 
 
+# A name says "secret" when its last word is one of these: E2B_API_KEY, HF_TOKEN, db_password, apiKey (not
+# E2B_API_KEY_FILE, key_digest or monkey: a path, a digest and a word).
+SECRET_WORDS = frozenset({"key", "apikey", "token", "secret", "password", "passwd", "pwd", "credential", "credentials"})
+_WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
+# scheme://user:password@ and, for http(s), scheme://token@: the userinfo of a URL
+_URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^\s/@:'\"]+)(?::([^\s/@'\"]*))?@")
+
+
+def secret_name(name: str) -> bool:
+    words = _WORDS.findall(name)
+    return bool(words) and words[-1].lower() in SECRET_WORDS
+
+
+def mask_url_credentials(text: str) -> str:
+    """`https://user:TOKEN@host` -> `https://user:********@host`; `https://TOKEN@host` -> `https://********@host`
+    (a user alone is kept for other schemes: `ssh://git@host`)."""
+    if "://" not in text or "@" not in text:
+        return text
+
+    def hide(m: re.Match[str]) -> str:
+        scheme, user, password = m.group(1), m.group(2), m.group(3)
+        if password is not None:
+            return f"{scheme}{user}:{MASK}@"
+        return f"{scheme}{MASK}@" if scheme.lower() in ("http://", "https://") else m.group(0)
+
+    return _URL_CREDENTIALS.sub(hide, text)
+
+
 class Masker:
-    def __init__(self) -> None:
+    def __init__(self, not_secret: frozenset[str] = frozenset()) -> None:
         self._values: list[str] = []
         self._lock = threading.Lock()
+        self.not_secret = not_secret
+
+    def scan(self, data: object, name: str = "") -> None:
+        """Learn the secrets that data shows by their names (a value under `E2B_API_KEY`, a URL's password),
+        except under the names the pipeline lists in `not_secret`."""
+        if isinstance(data, dict):
+            for key, value in data.items():
+                self.scan(value, str(key))
+        elif isinstance(data, list):
+            for value in data:
+                self.scan(value, name)
+        elif isinstance(data, (str, int, float)) and not isinstance(data, bool):
+            text = str(data)
+            if name and name not in self.not_secret and secret_name(name):
+                self.add(text)
+            if "://" in text and "@" in text:
+                for m in _URL_CREDENTIALS.finditer(text):
+                    secret = m.group(3) if m.group(3) is not None else m.group(2)
+                    if m.group(3) is not None or m.group(1).lower() in ("http://", "https://"):
+                        self.add(secret)
 
     def add(self, value: str) -> None:
         if len(value) < MIN_SECRET_LENGTH:
@@ -30,12 +79,10 @@ class Masker:
         for value in self._values:
             if value in text:
                 text = text.replace(value, MASK)
-        return text
+        return mask_url_credentials(text)
 
     def mask_data(self, data: object) -> object:
         """Mask every string inside nested dicts and lists."""
-        if not self._values:
-            return data
         if isinstance(data, str):
             return self.mask(data)
         if isinstance(data, dict):

@@ -249,3 +249,46 @@ def test_an_unset_env_variable_says_so(project: Project) -> None:
     result = project.run("plan")
     assert result.code == 2 and "env.RUNNER_TEST_UNSET is not set" in result.err, result.err
     assert "'dict object'" not in result.err and "default('')" in result.err
+
+
+def test_values_named_like_secrets_and_url_passwords_are_masked(project: Project) -> None:
+    path = project.write(
+        """
+        name: s
+        vars: {hf_token: hf_abcdefgh123, key_path: /etc/ssl/some.pem}
+        not_secret: [DISPLAY_KEY]
+        steps:
+          - name: settings
+            env: {E2B_API_KEY: e2b_literal_key_1234, E2B_API_KEY_FILE: /shared/aenv.key, DISPLAY_KEY: shown-1234}
+          - name: clone
+            run:
+              command: [echo, "https://user:TOKEN123456@example.invalid/x.git", "{{ vars.hf_token }}", "$DISPLAY_KEY"]
+        """
+    )
+    first = project.run("apply", "-v")
+    assert first.code == 0, first.text
+    path.write_text(path.read_text().replace("e2b_literal_key_1234", "e2b_other_key_5678"))
+    plan = project.run("plan")
+    explained = project.run("explain", "clone")
+    settings = project.run("explain", "settings")
+    texts = [first.text, plan.text, explained.text, settings.text]
+    state = project.path / ".runner"
+    texts += [p.read_text() for p in state.rglob("*") if p.is_file() and p.name not in ("secrets.json", "env.sh")]
+    for text in texts:
+        for secret in ("e2b_literal_key_1234", "e2b_other_key_5678", "TOKEN123456", "hf_abcdefgh123"):
+            assert secret not in text, (secret, text)
+    assert "https://user:********@example.invalid/x.git" in explained.out
+    assert "/shared/aenv.key" in settings.out and "shown-1234" in settings.out  # a path and a declared name
+    assert plan.code == 2 and "settings" in plan.out
+
+
+def test_secret_names() -> None:
+    from runner.secrets import mask_url_credentials, secret_name
+
+    for name in ("E2B_API_KEY", "HF_TOKEN", "db_password", "apiKey", "key", "AWS_SECRET", "GITHUB_TOKEN"):
+        assert secret_name(name), name
+    for name in ("E2B_API_KEY_FILE", "key_digest", "monkey", "keys", "tokenizer", "E2B_API_URL", ""):
+        assert not secret_name(name), name
+    assert mask_url_credentials("ssh://git@github.com/x") == "ssh://git@github.com/x"
+    assert mask_url_credentials("https://ghp_abc123@github.com/x") == "https://********@github.com/x"
+    assert mask_url_credentials("git+https://u:p4ss@h/x") == "git+https://u:********@h/x"

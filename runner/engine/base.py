@@ -44,9 +44,10 @@ class EngineBase:
         self.options = options or Options()
         self.state = StateStore(pipeline.state_dir)
         self.secrets = SecretStore(pipeline.state_dir)
-        self.masker = Masker()
+        self.masker = Masker(pipeline.not_secret)
         for name in pipeline.secrets:
             self.masker.add(str(pipeline.vars[name]))
+        self.masker.scan(pipeline.vars)  # vars named like secrets (api_key, hf_token), URL passwords
         self.facts = Facts()
         self.outputs: dict[str, dict[str, Any]] = {}
         self.digests: dict[str, str] = {}

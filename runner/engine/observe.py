@@ -42,7 +42,8 @@ class Deciding(Preparing):
 
     def _changes(self, prep: Prepared, record: StepRecord) -> list[str]:
         """The spec's field-level changes since the record, in the kind's own terms where it has them."""
-        changes = spec_changes(record.spec, self.masker.mask_data(prep.spec))
+        self.masker.scan(record.spec)  # a record written before a value was known to be secret
+        changes = spec_changes(self.masker.mask_data(record.spec), self.masker.mask_data(prep.spec))
         if changes and record.spec is not None:
             try:
                 changes = [self.masker.mask(c) for c in prep.instance.describe_changes(prep.ctx, record.spec, changes)]

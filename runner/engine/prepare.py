@@ -165,6 +165,7 @@ class Preparing(EngineBase):
             rendered = render_data(step.raw, context, (step.kind,))
         except RenderError as exc:
             raise self._render_error(step, exc) from None
+        self.masker.scan(rendered)  # values under secret-sounding names, URL passwords: masked from here on
         cls = kind_class(step.kind)
         try:
             spec = cls.Spec.model_validate(rendered)
