@@ -23,7 +23,7 @@ MARKS = {
     "failed": "FAILED",
     "skipped": "skipped",
     "blocked": "blocked",
-    "interrupted": "interrupted",
+    "interrupted": "stopped",  # by a signal; as wide as the other marks
     "pending": "pending",
 }
 
@@ -109,7 +109,9 @@ class Reporter:
         counts = recap_counts(results)
         text = " ".join(f"{k}={counts[k]}" for k in ("ok", "changed", "failed", "skipped"))
         if counts["blocked"]:
-            text += f" blocked={counts['blocked']}"
+            blocked = [r.name for r in results if r.status == "blocked"]
+            shown = ", ".join(blocked[:8]) + (f", and {len(blocked) - 8} more" if len(blocked) > 8 else "")
+            text += f" blocked={counts['blocked']} ({shown})"
         if counts["pending"]:
             text += f" restart-pending={counts['pending']}"
         self._print(f"recap: {text}")

@@ -109,6 +109,9 @@ class StepContext:
     notice: Callable[[str], None] = lambda message: None  # a one-line message to the user
     # how far the step is: (done, total or None, unit), e.g. bytes of an image pull; the live view draws a bar
     progress: Callable[[int, int | None, str], None] = lambda done, total, unit: None
+    # set False by an apply that found the system already as the spec says (a forced clone at its commit):
+    # the step then reports `ok`, not `changed`
+    changed: bool = True
 
     def resolve(self, path: str) -> Path:
         """A path relative to the pipeline file's directory (absolute paths stay as they are)."""

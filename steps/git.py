@@ -164,7 +164,7 @@ class GitStep(StepKind[GitSpec]):
                     f"{dest} exists and is not a git clone",
                     hint="move it away or choose another `dest`; runner never deletes a directory it did not make",
                 )
-            self._converge_existing(ctx, dest)
+            ctx.changed = self._converge_existing(ctx, dest)
         else:
             self._clone_fresh(ctx, dest)
         gitdir = git_dir(dest)
@@ -260,11 +260,13 @@ class GitStep(StepKind[GitSpec]):
         if not commit or not commit.startswith(sha.lower()):
             raise StepError(f"commit {sha} is not in {self._url(ctx)}", hint="check `ref`")
 
-    def _converge_existing(self, ctx: StepContext, dest: Path) -> None:
+    def _converge_existing(self, ctx: StepContext, dest: Path) -> bool:
+        """Bring an existing clone to the spec; False when it already was (same origin, commit and branch)."""
         import git
 
         spec = self.spec
         repo = git.Repo(dest)
+        repointed = False
         try:
             url = repo.remotes.origin.url if "origin" in [r.name for r in repo.remotes] else None
             if not same_url(url, self._url(ctx)):
@@ -277,13 +279,14 @@ class GitStep(StepKind[GitSpec]):
                     repo.create_remote("origin", self._url(ctx))
                 else:
                     repo.remotes.origin.set_url(self._url(ctx))
+                repointed = True
             target, branch = self._target(ctx, repo, dest)
             if (
                 repo.head.is_valid()
                 and repo.head.commit.hexsha == target
                 and (branch is None or (not repo.head.is_detached and repo.active_branch.name == branch))
             ):
-                return
+                return repointed
             if repo.is_dirty(untracked_files=False) and not spec.force:
                 changed = [str(d.a_path) for d in repo.index.diff(None)][:5]
                 raise StepError(
@@ -303,6 +306,7 @@ class GitStep(StepKind[GitSpec]):
                     "submodule update",
                     lambda: self._git(ctx, ["submodule", "update", "--init", "--recursive"], dest, network=True),
                 )
+            return True
         finally:
             repo.close()
 

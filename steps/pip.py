@@ -190,6 +190,11 @@ class PipSpec(SpecModel):
             try:
                 Requirement(item)
             except InvalidRequirement as exc:
+                if item.startswith((".", "/", "~")) or item.endswith((".whl", ".tar.gz", ".zip")):
+                    raise ValueError(
+                        f"{item!r} is a path, not a requirement: install a project directory with "
+                        f"`editable: [{item}]`, or name it, `mypkg @ file:///abs/path` (a wheel or sdist alike)"
+                    ) from None
                 raise ValueError(f"{item!r} is not a requirement: {exc}") from None
         return value
 
@@ -317,11 +322,14 @@ class PipStep(StepKind[PipSpec]):
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         spec = self.spec
+        made_venv = False
         if spec.venv:
+            made_venv = not (ctx.resolve(spec.venv) / "bin" / "python").exists()
             self._ensure_venv(ctx)
         python = self.target_python(ctx)
         forget_query(python, ctx.state_dir / "cache")
         problems = self.unsatisfied(ctx, python)
+        ctx.changed = made_venv or bool(problems)
         if problems:
             ctx.on_output("to install: " + "; ".join(problems))
             self._install(ctx, python)

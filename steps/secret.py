@@ -55,6 +55,7 @@ class SecretStep(StepKind[SecretSpec]):
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         kept = ctx.stored_secrets.get("value")
         if self._fits(kept):
+            ctx.changed = False  # the key it made before: nothing new
             return {"value": kept}
         spec = self.spec
         return {"value": spec.prefix + random_source.token_hex(spec.bytes)}

@@ -292,3 +292,67 @@ def test_secret_names() -> None:
     assert mask_url_credentials("ssh://git@github.com/x") == "ssh://git@github.com/x"
     assert mask_url_credentials("https://ghp_abc123@github.com/x") == "https://********@github.com/x"
     assert mask_url_credentials("git+https://u:p4ss@h/x") == "git+https://u:********@h/x"
+
+
+def test_the_smaller_surprises(project: Project, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tests.gitrepos import Upstream, isolated_git_config
+
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(isolated_git_config(tmp_path)))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    upstream = Upstream(tmp_path)
+    upstream.commit("README", "hello\n")
+    project.write(
+        f"""
+        name: small
+        steps:
+          - name: gate
+            needs: []
+            assert: {{path: ./gate}}
+          - name: first
+            needs: []
+            run: {{command: [echo, one]}}
+          - name: second
+            needs: [first]
+            run: {{command: [echo, "{{{{ steps.first.stdout }}}}"]}}
+          - name: clone
+            needs: []
+            git: {{url: "{upstream.url}", dest: clone, ref: main}}
+          - name: behind_gate_a
+            needs: [gate]
+            run: {{command: "true"}}
+          - name: behind_gate_b
+            needs: [gate]
+            run: {{command: "true"}}
+        """
+    )
+    # a step that has never run runs, whatever its upstream gives: `+ run`, not `~ maybe`
+    plan = project.run("plan")
+    line = next(x for x in plan.out.splitlines() if " second " in x)
+    assert line.startswith("+ run") and "no record yet; after first runs" in line, plan.out
+    # blocked steps are named, not only counted
+    applied = project.run("apply", "--keep-going")
+    assert applied.code == 1 and "blocked=2 (behind_gate_a, behind_gate_b)" in applied.out, applied.out
+    # a forced clone already at its commit changed nothing: ok, not changed
+    forced = project.run("apply", "--force", "clone", "--only", "clone")
+    assert forced.code == 0 and "changed=0" in forced.out, forced.out
+    assert "forced (--force): nothing to change" in forced.out, forced.out
+    # a path in pip.packages points at editable: and `name @ file://`
+    path = project.write("name: p\nsteps:\n  - name: p\n    pip: {packages: [./mypkg], venv: v}\n", "p.yaml")
+    refused = project.run("validate", "-f", path.name)
+    assert refused.code == 2 and "editable: [./mypkg]" in refused.err and "@ file://" in refused.err
+
+
+def test_an_interrupted_step_keeps_the_status_column(project: Project) -> None:
+    import signal
+    import time
+
+    project.write("name: t\nsteps:\n  - name: slow\n    run: {command: [sleep, '30']}\n")
+    proc = project.popen("apply")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not (project.path / ".runner" / "logs").exists():
+        time.sleep(0.05)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=30)
+    line = next(x for x in out.splitlines() if " slow " in f" {x} " and not x.startswith("running"))
+    assert line.startswith("stopped  slow "), out  # the mark fits the column of the others (8 wide)

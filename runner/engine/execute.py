@@ -250,10 +250,15 @@ class Executing(Deciding):
             log=str(log_path) if log_path.exists() else "",
         )
         self.state.replace(name, done.to_dict())
-        status: Status = "changed" if prep.instance.changes_system else "ok"
+        status: Status = "changed" if prep.instance.changes_system and prep.ctx.changed else "ok"
         shown = {k: v for k, v in masked_outputs.items() if k not in secret_keys}
-        # a check that ran and passed says so, not just why it ran
-        reason = decision.reason if prep.instance.changes_system else f"checked, passed ({decision.reason})"
+        # a check that ran and passed says so, not just why it ran; a run that found nothing to do, too
+        if not prep.instance.changes_system:
+            reason = f"checked, passed ({decision.reason})"
+        elif not prep.ctx.changed:
+            reason = f"{decision.reason}: nothing to change"
+        else:
+            reason = decision.reason
         note = self.masker.mask(prep.instance.note(shown)) if shown else ""
         result = Result(name, status, reason, duration, log=str(log_path), attempts=attempts, outputs=shown, note=note)
         self.reporter.step_finished(result)

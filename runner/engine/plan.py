@@ -6,7 +6,7 @@ import contextlib
 
 from runner.engine.observe import Deciding
 from runner.errors import InputError
-from runner.events import Decision
+from runner.events import Action, Decision
 from runner.model import StepDecl
 from runner.state import lock_holder
 
@@ -21,7 +21,8 @@ class Planning(Deciding):
             return Decision(name, "skip", f"`when` is false: {step.common.when}")
         self.check_item_targets(step, items, self.options.force)
         if pending_up:
-            return Decision(name, "maybe", _after(pending_up, failing_up) + f" ({len(items)} items)")
+            action: Action = "run" if self.record(name) is None else "maybe"  # never ran: it runs, whatever comes
+            return Decision(name, action, _after(pending_up, failing_up, action) + f" ({len(items)} items)")
         to_run: list[str] = []
         changes: list[str] = []
         for item in items:
@@ -72,13 +73,13 @@ class Planning(Deciding):
                 except InputError as exc:
                     if not pending_up:
                         raise exc
-                    decisions[name] = Decision(name, "maybe", _after(pending_up, failing_up))
+                    decisions[name] = self._after_pending(name, pending_up, failing_up)
                 continue
             try:
                 prep = self.prepare(step)
             except InputError as exc:
                 if pending_up:
-                    decisions[name] = Decision(name, "maybe", _after(pending_up, failing_up))
+                    decisions[name] = self._after_pending(name, pending_up, failing_up)
                     continue
                 raise exc
             if prep is None:
@@ -96,9 +97,15 @@ class Planning(Deciding):
             decisions[name] = decision
         return [decisions[n] for n in self.graph.order() if n in decisions]
 
+    def _after_pending(self, name: str, pending: list[str], failing: list[str]) -> Decision:
+        """A step that cannot be rendered before what it waits on runs: it runs for certain when it has never
+        run (`+ run`), and maybe otherwise (`~ maybe`: only if their outputs change)."""
+        action: Action = "run" if self.record(name) is None else "maybe"
+        return Decision(name, action, _after(pending, failing, action))
 
-def _after(pending: list[str], failing: list[str]) -> str:
-    text = f"after {', '.join(pending)} runs"
+
+def _after(pending: list[str], failing: list[str], action: str = "maybe") -> str:
+    text = ("no record yet; " if action == "run" else "") + f"after {', '.join(pending)} runs"
     if failing:
         text += f"; blocked while {', '.join(failing)} would fail"
     return text
