@@ -44,6 +44,11 @@ class StepCommon(BaseModel):
 
     name: str = Field(description="Unique name: letters, digits, - and _.", pattern=STEP_NAME_PATTERN, max_length=100)
     description: str | None = Field(None, description="What the step is for (cosmetic).")
+    hint: str | None = Field(
+        None,
+        description="What to try when this step fails, shown under its error after the kind's own hint (a "
+        "template: `pick a free port with --var port=N`).",
+    )
     needs: list[str] = Field(
         default_factory=list,
         description="The steps this one depends on. Without `needs`, a step comes after the steps before it.",

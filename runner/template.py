@@ -395,6 +395,8 @@ def check_templates(
                 sources.append((path, text, text))
         if isinstance(step.common.when, str):
             sources.append((("steps", step.index, "when"), step.common.when, when_source(step.common.when)))
+        if step.common.hint and is_template(step.common.hint):
+            sources.append((("steps", step.index, "hint"), step.common.hint, step.common.hint))
         loop = step.common.for_each
         if loop is not None:
             for path, text in iter_strings(loop, ("steps", step.index, "for_each")):

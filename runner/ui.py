@@ -84,8 +84,8 @@ class Reporter:
         if result.status in ("failed", "interrupted"):
             for text in result.error.splitlines():
                 self._print(f"    error: {text}")
-            if result.hint:
-                self._print(f"    hint: {result.hint}")
+            for text in result.hint.splitlines():
+                self._print(f"    hint: {text}")
             if result.tail:
                 self._print("    last output:")
                 for text in result.tail.splitlines()[-10:]:

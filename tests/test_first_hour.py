@@ -356,3 +356,26 @@ def test_an_interrupted_step_keeps_the_status_column(project: Project) -> None:
     out, _ = proc.communicate(timeout=30)
     line = next(x for x in out.splitlines() if " slow " in f" {x} " and not x.startswith("running"))
     assert line.startswith("stopped  slow "), out  # the mark fits the column of the others (8 wide)
+
+
+def test_a_taken_quickstart_port_says_how_to_choose_another(tmp_path: Path) -> None:
+    import shutil
+    import socket
+
+    from conftest import ROOT
+
+    target = tmp_path / "quickstart"
+    shutil.copytree(
+        ROOT / "examples" / "quickstart", target, ignore=shutil.ignore_patterns(".work", ".runner", "__pycache__")
+    )
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        result = Project(target).run("apply", "--only", "sandbox_server", "--var", f"port={port}")
+    finally:
+        holder.close()
+    assert result.code == 1, result.text
+    assert f"hint: if port {port} is taken by another program" in result.out and "--var port=N" in result.out
+    assert "Address already in use" in result.out

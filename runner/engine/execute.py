@@ -17,9 +17,11 @@ from runner.fingerprint import digest
 from runner.model import StepDecl
 from runner.record import StepRecord
 from runner.state import now
+from runner.template import RenderError, render_string
 from steps import kind_class
 from steps._support import faults
 from steps._support.retry import retrying
+from steps._support.words import is_template
 from steps.base import StepError
 
 
@@ -147,6 +149,14 @@ class Executing(Deciding):
             self.state.replace(stale, None)  # an item no longer in the list
             self.secrets.put(stale, None)
 
+    def _hint(self, prep: Prepared, own: str) -> str:
+        """The kind's hint, then the step's `hint:` (rendered; as written if it cannot be)."""
+        extra = prep.step.common.hint or ""
+        if extra and is_template(extra):
+            with contextlib.suppress(RenderError):
+                extra = render_string(extra, self._context(prep.step, self._exported_before(prep.step)))
+        return self.masker.mask("\n".join(h for h in (own, extra) if h))
+
     def _execute(self, prep: Prepared, decision: Decision, started: float, log_path: Path) -> Result:
         name = prep.key
         common = prep.step.common
@@ -199,7 +209,7 @@ class Executing(Deciding):
                 decision.reason,
                 duration,
                 error=message,
-                hint=self.masker.mask(exc.hint) if isinstance(exc, StepError) else "",
+                hint=self._hint(prep, exc.hint if isinstance(exc, StepError) and not interrupted else ""),
                 tail=self.masker.mask(exc.output_tail) if isinstance(exc, StepError) else "",
                 log=str(log_path) if log_path.exists() else "",
                 attempts=attempts,
