@@ -49,10 +49,18 @@ class Probe:
     status: Literal["ok", "missing", "drift"]
     reason: str = ""
     changes: tuple[str, ...] = ()
+    # ok, but what the step provides is down on purpose (a job `runner stop` stopped): what depends on it and
+    # would run is blocked, by name, instead of running against nothing
+    stopped: bool = False
 
     @classmethod
     def ok(cls, reason: str = "") -> Probe:
         return cls("ok", reason)
+
+    @classmethod
+    def parked(cls, reason: str) -> Probe:
+        """Up to date, and stopped on purpose: see `stopped`."""
+        return cls("ok", reason, stopped=True)
 
     @classmethod
     def missing(cls, reason: str) -> Probe:

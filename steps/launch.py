@@ -162,7 +162,7 @@ class LaunchStep(StepKind[LaunchSpec]):
         if _alive(job):
             return Probe.ok(f"running since {_when(job.get('started'))}, pid {job['pid']}")
         if job.get("stopped"):
-            return Probe.ok(
+            return Probe.parked(
                 f"stopped by `runner stop` at {_when(job.get('finished'))}; `apply --force {ctx.name}` relaunches it"
             )
         code = job.get("exit_code")

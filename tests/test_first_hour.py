@@ -379,3 +379,58 @@ def test_a_taken_quickstart_port_says_how_to_choose_another(tmp_path: Path) -> N
     assert result.code == 1, result.text
     assert f"hint: if port {port} is taken by another program" in result.out and "--var port=N" in result.out
     assert "Address already in use" in result.out
+
+
+def test_what_needs_a_stopped_or_held_job_is_blocked_by_name(project: Project) -> None:
+    from conftest import free_port
+
+    port = free_port()
+    fetch = "import urllib.request as u; u.urlopen('http://127.0.0.1:{{ vars.port }}/'); open('fetched', 'w')"
+    path = project.write(
+        f"""
+        name: held
+        vars: {{port: "{port}"}}
+        steps:
+          - name: server
+            launch:
+              command: [python3, -m, http.server, --bind, 127.0.0.1, "{{{{ vars.port }}}}"]
+              detach: true
+          - name: ready
+            needs: [server]
+            wait: {{tcp: "127.0.0.1:{{{{ vars.port }}}}", timeout: 10, interval: 0.1}}
+          - name: fetch
+            needs: [ready]
+            run:
+              command: [python3, -c, "{fetch}"]
+              creates: [fetched]
+          - name: unrelated
+            needs: []
+            run: {{command: [touch, unrelated]}}
+        """
+    )
+    try:
+        assert project.run("apply").code == 0
+        assert project.run("stop", "server").code == 0
+        (project.path / "fetched").unlink()  # fetch would run now, against a stopped server
+        plan = project.run("plan")
+        line = next(x for x in plan.out.splitlines() if " fetch " in x)
+        assert line.startswith("- block") and "server is stopped" in line, plan.out
+        applied = project.run("apply", "--keep-going")
+        assert applied.code == 1, applied.text
+        line = next(x for x in applied.out.splitlines() if x.split()[1:2] == ["fetch"])
+        assert line.startswith("blocked") and "server is stopped" in line, applied.out
+        assert "Traceback" not in applied.text and "ConnectionRefused" not in applied.text
+        assert project.run("apply", "--force", "server").code == 0  # relaunched: what needed it runs again
+        assert (project.path / "fetched").exists()
+
+        # a changed port holds the restart; the wait on the new port is blocked, not timed out
+        other = free_port()
+        path.write_text(path.read_text().replace(f'port: "{port}"', f'port: "{other}"'))
+        held = project.run("apply")
+        assert held.code == 1, held.text
+        line = next(x for x in held.out.splitlines() if x.split()[1:2] == ["ready"])
+        assert line.startswith("blocked") and "server has a restart pending" in line, held.out
+        plan = project.run("plan")
+        assert "- block ready" in plan.out.replace("  ", " ") or "block ready" in " ".join(plan.out.split()), plan.out
+    finally:
+        project.run("stop", "server")

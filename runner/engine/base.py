@@ -52,6 +52,9 @@ class EngineBase:
         self.outputs: dict[str, dict[str, Any]] = {}
         self.digests: dict[str, str] = {}
         self.exports: dict[str, dict[str, str]] = {}
+        # steps up to date whose service is down on purpose (stopped, a held restart) -> why: what depends on
+        # them and would run is blocked (observe.Deciding.decide)
+        self.holding: dict[str, str] = {}
         self.cancel = threading.Event()
         self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
         self.graph = pipeline.graph

@@ -49,6 +49,9 @@ class Executing(Deciding):
         if prep is None:
             return self._skipped(step)
         decision = self.decide(prep, crashed_ok=True)
+        if decision.action == "block":  # what it needs is stopped or held on purpose
+            self._adopt_record(name)
+            return self._report(Result(name, "blocked", decision.reason, time.monotonic() - started))
         if decision.action in ("ok", "pending"):
             self._adopt_record(name)
             kept = (self.record(name) or StepRecord({})).outputs
@@ -91,6 +94,8 @@ class Executing(Deciding):
                 return self._report(Result(name, "failed", error=f"item {item.key}: {exc}", input_error=True))
             assert prep is not None
             decision = self.decide(prep, crashed_ok=True)
+            if decision.action == "block":
+                return self._report(Result(name, "blocked", decision.reason, time.monotonic() - started))
             if decision.action not in ("ok", "pending"):
                 outcome = self._execute(prep, decision, time.monotonic(), log_path)
                 if outcome.status not in ("ok", "changed"):

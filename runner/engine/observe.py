@@ -26,8 +26,8 @@ class Deciding(Preparing):
             live = self._live_work(prep)
         elif looking == "probe":
             found = self._probe(prep)
-            probe = Probe(found.status, self.masker.mask(found.reason), found.changes)
-        return decide(
+            probe = Probe(found.status, self.masker.mask(found.reason), found.changes, found.stopped)
+        decision = decide(
             prep.key,
             record,
             fingerprint=prep.fingerprint,
@@ -39,6 +39,24 @@ class Deciding(Preparing):
             live=live,
             probe=probe,
         )
+        step = prep.step.name
+        if decision.action == "pending":
+            self.holding[step] = (
+                f"{step} has a restart pending (its job runs with the old spec; `apply --force {step}`)"
+            )
+        elif decision.action == "ok" and probe is not None and probe.stopped:
+            self.holding[step] = f"{step} is stopped (`runner stop`; `apply --force {step}` relaunches it)"
+        if decision.action == "run" and self.holding and not forced:
+            held = self._held_upstream(step)
+            if held:
+                return Decision(decision.name, "block", f"blocked: {'; '.join(held)}", decision.changes)
+        return decision
+
+    def _held_upstream(self, name: str) -> list[str]:
+        """Why the steps `name` depends on (transitively) cannot serve it now: stopped, or a restart held."""
+        ancestors = self.graph.upstream({name}) - {name}
+        held = sorted((a for a in ancestors if a in self.holding), key=lambda a: self.pipeline.step(a).index)
+        return [self.holding[a] for a in held]
 
     def _changes(self, prep: Prepared, record: StepRecord) -> list[str]:
         """The spec's field-level changes since the record, in the kind's own terms where it has them."""

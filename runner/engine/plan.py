@@ -29,6 +29,8 @@ class Planning(Deciding):
             prep = self.prepare(step, item=item)
             assert prep is not None
             decision = self.decide(prep, crashed_ok)
+            if decision.action == "block":
+                return Decision(name, "block", decision.reason)
             if decision.action not in ("ok", "pending"):
                 to_run.append(f"{item.key} ({decision.reason})")
                 changes += [f"[{item.key}] {c}" for c in decision.changes]
@@ -39,10 +41,12 @@ class Planning(Deciding):
 
     def plan(self) -> list[Decision]:
         self.load_state()
+        self.holding.clear()
         holder = lock_holder(self.pipeline.state_dir)
         selected = self.selected()
         decisions: dict[str, Decision] = {}
         failing_roots: dict[str, list[str]] = {}  # a blocked step -> the failing steps it waits on
+        held_reason: dict[str, str] = {}  # a step blocked by a stopped or held step above -> why
         for name in self.graph.order():
             step = self.pipeline.step(name)
             self._adopt_record(name)
@@ -59,7 +63,8 @@ class Planning(Deciding):
                 roots = list(dict.fromkeys(r for d in blocked_by for r in failing_roots.get(d, [d])))
                 failing_roots[name] = roots
                 via = [d for d in blocked_by if d not in roots]
-                reason = f"blocked: {', '.join(roots)} would fail" + (f" (via {', '.join(via)})" if via else "")
+                why = "; ".join(held_reason.get(r, f"{r} would fail") for r in roots)
+                reason = f"blocked: {why}" + (f" (via {', '.join(via)})" if via else "")
                 decisions[name] = Decision(name, "block", reason)
                 continue
             if name not in selected:
@@ -70,6 +75,8 @@ class Planning(Deciding):
             if step.common.for_each is not None:
                 try:
                     decisions[name] = self._plan_each(step, holder is None, pending_up, failing_up)
+                    if decisions[name].action == "block":
+                        held_reason[name] = decisions[name].reason.removeprefix("blocked: ")
                 except InputError as exc:
                     if not pending_up:
                         raise exc
@@ -86,6 +93,8 @@ class Planning(Deciding):
                 decisions[name] = Decision(name, "skip", f"`when` is false: {step.common.when}")
                 continue
             decision = self.decide(prep, crashed_ok=holder is None)
+            if decision.action == "block":  # what it needs is stopped or held: its dependents say why
+                held_reason[name] = decision.reason.removeprefix("blocked: ")
             if decision.action == "run":
                 problem = self._preview(prep)
                 if problem:
