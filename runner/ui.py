@@ -222,42 +222,60 @@ class LiveReporter(Reporter):
         self.console = console or Console(highlight=False)
         self._running: dict[str, dict[str, Any]] = {}
         self._live: Any = None
+        # Three locks, never nested: printing (the base's), the rows (read by the live view's own refresh
+        # thread, which holds rich's lock meanwhile), and starting or stopping the live view.
+        self._rows = threading.Lock()
+        self._live_lock = threading.Lock()
 
     # rendering
     def _render(self) -> Any:
+        """The rows of the running steps, drawn afresh on every refresh (so a silent step's time still moves),
+        in columns of fixed width (so nothing shifts as rows and output lines come and go)."""
         from rich.progress_bar import ProgressBar
         from rich.table import Table
         from rich.text import Text
 
         table = Table.grid(padding=(0, 1))
-        table.add_column(width=2)
-        table.add_column(min_width=self.width)
-        table.add_column(justify="right", width=7)
-        table.add_column()
+        table.add_column(width=2, no_wrap=True)
+        table.add_column(width=self.width, no_wrap=True, overflow="ellipsis")
+        table.add_column(justify="right", width=7, no_wrap=True)
+        table.add_column(no_wrap=True, overflow="ellipsis")
         now = time.monotonic()
-        for name, row in list(self._running.items()):
+        with self._rows:
+            rows = [(name, dict(row)) for name, row in self._running.items()]
+        for name, row in rows:
             elapsed = fmt_duration(now - row["since"])
-            detail: Any = Text(row.get("reason", ""), style="dim")
+            detail: Any = Text(row.get("reason", ""), style="dim", no_wrap=True, overflow="ellipsis")
             if row.get("total"):
                 bar = ProgressBar(total=row["total"], completed=row.get("done", 0), width=30)
                 grid = Table.grid(padding=(0, 1))
+                grid.add_column(width=30)
+                grid.add_column(no_wrap=True)
                 grid.add_row(bar, Text(f"{row.get('done', 0)}/{row['total']} {row.get('unit', '')}"))
                 detail = grid
             table.add_row(row["spinner"], Text(name, style="bold"), elapsed, detail)
             if row.get("line"):
-                table.add_row("", Text("  " + row["line"][-150:], style="dim", no_wrap=True, overflow="ellipsis"))
+                table.add_row("", "", "", Text(row["line"], style="dim", no_wrap=True, overflow="ellipsis"))
         return table
 
     def _ensure_live(self) -> None:
+        with self._live_lock:
+            if self._live is None:
+                self._start_live()
+
+    def _start_live(self) -> None:
         if self._live is None:
             from rich.live import Live
 
-            self._live = Live(self._render(), console=self.console, refresh_per_second=8, transient=True)
+            self._live = Live(
+                console=self.console,
+                refresh_per_second=8,
+                transient=True,
+                get_renderable=self._render,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
             self._live.start()
-
-    def _refresh(self) -> None:
-        if self._live is not None:
-            self._live.update(self._render())
 
     def _print(self, text: str, stream: TextIO | None = None) -> None:
         with self._lock:
@@ -276,47 +294,45 @@ class LiveReporter(Reporter):
     def step_started(self, name: str, reason: str) -> None:
         from rich.spinner import Spinner
 
-        with self._lock:
+        with self._rows:
             self._running[name] = {"since": time.monotonic(), "reason": reason, "spinner": Spinner("dots")}
-            self._ensure_live()
-            self._refresh()
+        self._ensure_live()
 
     def output(self, name: str, line: str) -> None:
+        """Output the user asked to see (-v, a foreground job): printed above the live rows, where it stays."""
+        self._print(f"  {name} | {line}")
         self.output_quiet(name, line)
 
     def output_quiet(self, name: str, line: str) -> None:
-        with self._lock:
+        with self._rows:
             row = self._running.get(name)
             if row is not None and line.strip():
                 row["line"] = line
-                self._refresh()
 
     def progress(self, name: str, done: int, total: int | None, unit: str) -> None:
-        with self._lock:
+        from rich.spinner import Spinner
+
+        with self._rows:
             row = self._running.get(name)
             if row is None:
-                from rich.spinner import Spinner
-
                 row = self._running[name] = {
                     "since": time.monotonic(),
                     "reason": "",
                     "spinner": Spinner("dots"),
                     "own": True,
                 }
-                self._ensure_live()
             row.update(done=done, total=total, unit=unit)
             if row.get("own") and total is not None and done >= total:
                 self._running.pop(name, None)  # a loop's row goes when its last item is done
-            self._refresh()
+        self._ensure_live()
 
     def step_finished(self, result: Result) -> None:
-        with self._lock:
+        with self._rows:
             self._running.pop(result.name, None)
-            self._refresh()
         super().step_finished(result)
 
     def close(self) -> None:
-        with self._lock:
+        with self._live_lock:
             if self._live is not None:
                 self._live.stop()
                 self._live = None

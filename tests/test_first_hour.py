@@ -434,3 +434,68 @@ def test_what_needs_a_stopped_or_held_job_is_blocked_by_name(project: Project) -
         assert "- block ready" in plan.out.replace("  ", " ") or "block ready" in " ".join(plan.out.split()), plan.out
     finally:
         project.run("stop", "server")
+
+
+def _on_a_terminal(project: Project, *args: str) -> bytes:
+    """The CLI on a pseudo-terminal of 100x40, as a user's shell runs it: every byte it wrote."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+    env = {**project.env(), "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "40"}
+    env.pop("NO_COLOR", None)
+    proc = subprocess.Popen(project.argv(*args), cwd=project.path, env=env, stdin=child, stdout=child, stderr=child)
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 4096)
+        except OSError:  # EIO: the child side is closed
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(main)
+    assert proc.returncode == 0, b"".join(chunks).decode(errors="replace")
+    return b"".join(chunks)
+
+
+def test_the_live_view_keeps_asked_for_output_and_moves_its_clock(project: Project) -> None:
+    import re
+
+    import pyte
+
+    project.write(
+        """
+        name: tty
+        steps:
+          - name: quiet_one
+            run: {command: [sleep, "1.6"]}
+          - name: chatty
+            run: {command: [echo, from-verbose]}
+          - name: rollout
+            launch: {command: [python3, -c, "print('mean reward 0.75')"], creates: []}
+        """
+    )
+    raw = _on_a_terminal(project, "apply", "-v")
+    screen = pyte.Screen(100, 40)
+    stream = pyte.ByteStream(screen)
+    elapsed: set[str] = set()
+    columns: set[int] = set()
+    for start in range(0, len(raw), 64):
+        stream.feed(raw[start : start + 64])
+        for row in screen.display:
+            match = re.search(r"quiet_one\s+(\d+\.\d\d)s", row)
+            if match and not row.startswith("changed"):
+                elapsed.add(match.group(1))
+                columns.add(match.start(1))
+    final = "\n".join(screen.display)
+    assert len(elapsed) >= 3, elapsed  # the clock of a silent step moves (it stayed at 0.00s)
+    assert len(columns) == 1, columns  # and its column does not jitter between frames
+    assert "rollout | mean reward 0.75" in final, final  # a foreground job's output stays on screen
+    assert "chatty | from-verbose" in final, final  # so does -v output
+    assert re.search(r"^changed\s+quiet_one", final, re.M), final
