@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", type=int, metavar="N", help="the log of the step's Nth most recent run (1: latest)")
     p = sub.add_parser("stop", parents=[common], help="stop the job a launch step started")
     p.add_argument("step")
+    p = sub.add_parser(
+        "down", parents=[common], help="remove what the pipeline runs (containers, jobs) and drop its records"
+    )
+    p.add_argument("--purge", action="store_true", help="also remove the clones, venvs and `creates` files it made")
+    p.add_argument("--dry-run", action="store_true", help="only say what it would do")
     sub.add_parser("validate", parents=[common], help="load and check the pipeline only")
     p = sub.add_parser("schema", help="the JSON Schema of the pipeline file, for editors")
     p.add_argument("-o", "--output", metavar="FILE", help="write it to FILE (default: print it)")
@@ -175,6 +180,7 @@ COMMANDS = {
     "mark-done": "mark_done",
     "logs": "logs",
     "stop": "stop",
+    "down": "down",
     "validate": "validate",
     "schema": "schema",
 }

@@ -189,6 +189,12 @@ class StepKind(Generic[SpecT]):
         """Stop what the step started (`runner stop STEP`); returns what was done."""
         raise StepError(f"a {self.kind} step has nothing to stop")
 
+    def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
+        """`runner down`: remove what this step runs (a container, a job) and, with `purge`, what it made on disk
+        (a clone, a venv, the files it `creates`); only what runner itself made. Returns what it did (or, with
+        `dry_run`, what it would do) in a few words, or None when there is nothing to remove."""
+        return None
+
     def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[str]) -> list[str]:
         """For `plan`: the field-level changes in the kind's own terms (`ref: main@3f2a1c -> v1.2 (9b7e00)`);
         read-only and local. The default keeps the generic `field: old -> new` lines."""

@@ -344,6 +344,28 @@ class DockerStep(StepKind[DockerSpec]):
             if ctx.cancel.is_set():
                 raise StepError("interrupted while pulling " + self.spec.image)
 
+    def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
+        docker = sdk()
+
+        spec = self.spec
+        client, address = connect(spec.host, ctx.env, spec.tls, ping=False)
+        try:
+            try:
+                container = client.containers.get(spec.name)
+            except docker.errors.NotFound:
+                return None
+            labels = container.labels or {}
+            if HASH_LABEL not in labels:
+                return f"left container {spec.name} on {address}: runner did not create it (no {HASH_LABEL} label)"
+            if dry_run:
+                return f"would remove container {spec.name} ({container.short_id}) on {address}"
+            self._remove(container, spec.stop_timeout)
+            return f"removed container {spec.name} ({container.short_id}) on {address}"
+        except docker.errors.APIError as exc:
+            raise StepError(f"Docker Engine at {address}: {api_error_text(exc)}") from None
+        finally:
+            client.close()
+
     def _remove(self, container: Container, stop_timeout: float) -> None:
         docker = sdk()
 

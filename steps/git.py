@@ -155,6 +155,21 @@ class GitStep(StepKind[GitSpec]):
 
     # ---- apply ----------------------------------------------------------------------------------------
 
+    def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
+        """With --purge: the clone, if it is a clone of this step's url (a directory of someone else's stays)."""
+        if not purge:
+            return None
+        dest = ctx.resolve(self.spec.dest)
+        gitdir = git_dir(dest) if dest.is_dir() and not dest.is_symlink() else None
+        if gitdir is None:
+            return None
+        if not same_url(origin_url(gitdir), self._url(ctx)):
+            return f"left {dest}: a clone of {origin_url(gitdir)}, not of this step's url"
+        if dry_run:
+            return f"would remove the clone {dest}"
+        shutil.rmtree(dest)
+        return f"removed the clone {dest}"
+
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         spec = self.spec
         dest = ctx.resolve(spec.dest)

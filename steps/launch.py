@@ -33,7 +33,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from steps._support.files import check_patterns, expand
+from steps._support.files import check_patterns, expand, remove_created
 from steps._support.process import run_process
 from steps._support.ray_jobs import RayJob, RaySpec
 from steps._support.supervise import start_time, write
@@ -297,6 +297,22 @@ class LaunchStep(StepKind[LaunchSpec]):
         latest = self.job(ctx) or job
         self._write(ctx, {**latest, "stopped": True, "finished": latest.get("finished") or time.time()})
         return f"stopped pid {job['pid']} ({how})"
+
+    def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
+        done: list[str] = []
+        if self.ray:
+            if self.ray.live_work(ctx):
+                done.append("would stop the Ray job" if dry_run else self.ray.stop(ctx))
+        elif self.spec.detach:
+            job = self.job(ctx)
+            if job is not None and _alive(job):
+                done.append(f"would stop pid {job['pid']}" if dry_run else self.stop(ctx))
+            if job is not None and not dry_run:
+                with contextlib.suppress(FileNotFoundError):
+                    self.job_path(ctx).unlink()
+        if purge:
+            done += remove_created(ctx, self.spec.creates, dry_run)
+        return "; ".join(done) or None
 
     def _stop(self, ctx: StepContext, job: dict[str, Any]) -> str:
         spec = self.spec

@@ -320,6 +320,20 @@ class PipStep(StepKind[PipSpec]):
 
     # ---- apply ----------------------------------------------------------------------------------------
 
+    def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
+        """With --purge: the step's `venv:` (a directory with a pyvenv.cfg; packages installed into a `python:`
+        that is not the step's own venv are left alone)."""
+        if not purge or not self.spec.venv:
+            return None
+        venv = ctx.resolve(self.spec.venv)
+        if venv.is_symlink() or not (venv / "pyvenv.cfg").is_file():
+            return None
+        if dry_run:
+            return f"would remove the venv {venv}"
+        shutil.rmtree(venv)
+        forget_query(str(venv / "bin" / "python"), ctx.state_dir / "cache")
+        return f"removed the venv {venv}"
+
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         spec = self.spec
         made_venv = False

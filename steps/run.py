@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from steps._support.files import check_patterns, content_digest, expand
+from steps._support.files import check_patterns, content_digest, expand, remove_created
 from steps._support.process import run_process
 from steps._support.words import argv_of
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
@@ -80,6 +80,9 @@ class RunStep(StepKind[RunSpec]):
         found = {p: [str(x) for x in expand(ctx.resolve(p))] for p in self.spec.inputs}
         paths = [ctx.resolve(x) for matches in found.values() for x in matches]
         return {"inputs": found, "input_digests": content_digest(paths)}
+
+    def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
+        return "; ".join(remove_created(ctx, self.spec.creates, dry_run)) or None if purge else None
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         spec = self.spec

@@ -242,3 +242,23 @@ def test_bad_port_spec_is_an_input_error(project: Project) -> None:
     result = project.run("validate")
     assert result.code == 2
     assert "pipeline.yaml:6:" in result.err and "outside 1-65535" in result.err
+
+
+def test_down_removes_the_container_it_made_and_only_that(project: Project, docker_client: Any) -> None:
+    name = _name(docker_client)
+    port = free_port()
+    _server(project, name, port)
+    assert project.run("apply").code == 0
+    dry = project.run("down", "--dry-run")
+    assert dry.code == 0 and f"would remove container {name}" in dry.out, dry.text
+    assert docker_client.containers.get(name).status == "running"  # a dry run changes nothing
+    down = project.run("down")
+    assert down.code == 0 and f"removed container {name}" in down.out, down.text
+    assert _containers(docker_client, name) == []
+    assert json.loads((project.path / ".runner/state.json").read_text())["steps"] == {}
+    assert project.run("down").out.strip() == "down: nothing to remove"
+    # one of the same name that runner did not make is left, and said so
+    docker_client.containers.run(BUSYBOX_IMAGE, ["sleep", "300"], name=name, detach=True)
+    theirs = project.run("down")
+    assert theirs.code == 0 and "runner did not create it" in theirs.out, theirs.text
+    assert len(_containers(docker_client, name)) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -499,3 +500,52 @@ def test_the_live_view_keeps_asked_for_output_and_moves_its_clock(project: Proje
     assert "rollout | mean reward 0.75" in final, final  # a foreground job's output stays on screen
     assert "chatty | from-verbose" in final, final  # so does -v output
     assert re.search(r"^changed\s+quiet_one", final, re.M), final
+
+
+def test_down_stops_jobs_drops_records_and_purges_only_when_asked(
+    project: Project, tmp_path: Path, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    from tests.gitrepos import Upstream, isolated_git_config
+
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(isolated_git_config(tmp_path)))
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    upstream = Upstream(tmp_path)
+    upstream.commit("README", "hello\n")
+    project.write(
+        f"""
+        name: down
+        steps:
+          - name: key
+            secret: {{bytes: 8}}
+          - name: clone
+            git: {{url: "{upstream.url}", dest: clone}}
+          - name: data
+            run: {{command: "echo rows > data.txt", creates: [data.txt]}}
+          - name: job
+            launch: {{command: [sleep, "300"], detach: true}}
+        """
+    )
+    assert project.run("apply").code == 0
+    state = project.path / ".runner"
+    pid = json.loads((state / "jobs" / "job.json").read_text())["pid"]
+    dry = project.run("down", "--dry-run", "--purge")
+    assert dry.code == 0 and f"would stop pid {pid}" in dry.out and "would remove the clone" in dry.out, dry.out
+    assert (project.path / "clone").is_dir() and _alive(pid)
+    down = project.run("down")
+    assert down.code == 0, down.text
+    assert not _alive(pid) and "stopped pid" in down.out
+    assert json.loads((state / "state.json").read_text())["steps"] == {}
+    assert not (state / "secrets.json").exists()
+    assert (project.path / "clone").is_dir() and (project.path / "data.txt").exists()  # kept without --purge
+    assert project.run("apply").code == 0
+    purged = project.run("down", "--purge")
+    assert purged.code == 0, purged.text
+    assert not (project.path / "clone").exists() and not (project.path / "data.txt").exists()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ")[-1].split()[0] != "Z"
+    except OSError:
+        return False

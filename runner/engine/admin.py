@@ -213,6 +213,57 @@ class Admin(Planning, Scheduling):
             self.state.compact()
             return f"{len(preps)} item(s)" if items is not None else target
 
+    def down(self, purge: bool, dry_run: bool) -> list[tuple[str, str, bool]]:
+        """`runner down`: each step's teardown, dependents first (containers removed, detached and Ray jobs
+        stopped; with `purge`, clones, venvs and `creates` files removed), then every record dropped (secrets
+        and env.sh too), unless a teardown failed. Returns (step, what was done, failed) for each step that had
+        something to say, in the order done; with `dry_run` nothing changes and the words say "would"."""
+        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
+            self.load_state()
+            preps: list[tuple[str, Prepared | None, str]] = []
+            for name in self.graph.order():
+                step = self.pipeline.step(name)
+                self._adopt_record(name)
+                try:
+                    if step.common.for_each is not None:
+                        for item in self.items(step) or []:
+                            preps.append((f"{name}[{item.key}]", self.prepare(step, item=item), ""))
+                    else:
+                        preps.append((name, self.prepare(step), ""))
+                except InputError as exc:
+                    preps.append((name, None, f"left as it is: cannot render it ({self.masker.mask(str(exc))})"))
+            said: list[tuple[str, str, bool]] = []
+            for key, prep, problem in reversed(preps):
+                if prep is None:
+                    if problem:
+                        said.append((key, problem, True))
+                    continue
+                try:
+                    text = prep.instance.teardown(prep.ctx, purge, dry_run)
+                except StepError as exc:
+                    said.append((key, self.masker.mask(exc.message), True))
+                    continue
+                except OSError as exc:
+                    said.append((key, self.masker.mask(f"{exc.strerror or exc} ({exc.filename or ''})"), True))
+                    continue
+                if text:
+                    said.append((key, self.masker.mask(text), False))
+            records = len(self.state.steps)
+            if any(failed for _, _, failed in said) or dry_run:
+                if dry_run and records:
+                    said.append(("(state)", f"would drop {records} record(s), the secrets and env.sh", False))
+                return said
+            for name in list(self.state.steps):
+                self.state.replace(name, None)
+                self.secrets.put(name, None)
+            self.state.compact()
+            for leftover in ("env.sh", "secrets.json"):
+                with contextlib.suppress(FileNotFoundError):
+                    (self.pipeline.state_dir / leftover).unlink()
+            if records:
+                said.append(("(state)", f"dropped {records} record(s), the secrets and env.sh", False))
+            return said
+
     def stop(self, name: str) -> str:
         """Stop what a step started (a detached job). Raises StepError when there is nothing to stop."""
         with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):

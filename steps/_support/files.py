@@ -8,9 +8,13 @@ import hashlib
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from steps._support import faults
 from steps._support.words import is_template
+
+if TYPE_CHECKING:
+    from steps.base import StepContext
 
 GLOB_CHARS = set("*?[")
 
@@ -85,3 +89,17 @@ def atomic_write(path: Path, text: str, mode: int = 0o644, crash_point: str | No
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def remove_created(ctx: StepContext, patterns: list[str], dry_run: bool) -> list[str]:
+    """`runner down --purge` of a step's `creates`: the regular files (and symlinks) they match, never a
+    directory, never through a link. Returns what was (or would be) removed, in words."""
+    files = [p for pattern in patterns for p in expand(ctx.resolve(pattern)) if p.is_symlink() or p.is_file()]
+    if not files:
+        return []
+    if not dry_run:
+        for path in files:
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+    shown = ", ".join(str(p) for p in files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+    return [("would remove " if dry_run else "removed ") + shown]
