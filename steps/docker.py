@@ -22,9 +22,11 @@ container, create, start, wait until ready. A stopped container is recreated; on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
@@ -195,24 +197,33 @@ class DockerStep(StepKind[DockerSpec]):
 
     # ---- probe ----------------------------------------------------------------------------------------
 
-    def probe(self, ctx: StepContext) -> Probe:
+    @contextlib.contextmanager
+    def _existing(self, ctx: StepContext) -> Iterator[tuple[Any, Container | None, str]]:
+        """The engine (no ping: the first call says if it is not there), the step's container or None, and the
+        engine's address; API errors become a StepError that names the engine."""
         docker = sdk()
 
         spec = self.spec
         client, address = connect(spec.host, ctx.env, spec.tls, ping=False)
         try:
             try:
-                container = client.containers.get(spec.name)
+                container: Container | None = client.containers.get(spec.name)
             except docker.errors.NotFound:
-                return Probe.missing(f"no container named {spec.name} on {address}")
-            drift = self._drift(ctx, client, container)
-            if drift:
-                return Probe.drift(drift[0], tuple(drift[1]))
-            return Probe.ok()
+                container = None
+            yield client, container, address
         except docker.errors.APIError as exc:
             raise StepError(f"Docker Engine at {address}: {api_error_text(exc)}") from None
         finally:
             client.close()
+
+    def probe(self, ctx: StepContext) -> Probe:
+        with self._existing(ctx) as (client, container, address):
+            if container is None:
+                return Probe.missing(f"no container named {self.spec.name} on {address}")
+            drift = self._drift(ctx, client, container)
+            if drift:
+                return Probe.drift(drift[0], tuple(drift[1]))
+            return Probe.ok()
 
     def _drift(
         self, ctx: StepContext, client: docker.DockerClient, container: Container
@@ -345,26 +356,16 @@ class DockerStep(StepKind[DockerSpec]):
                 raise StepError("interrupted while pulling " + self.spec.image)
 
     def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
-        docker = sdk()
-
-        spec = self.spec
-        client, address = connect(spec.host, ctx.env, spec.tls, ping=False)
-        try:
-            try:
-                container = client.containers.get(spec.name)
-            except docker.errors.NotFound:
+        name = self.spec.name
+        with self._existing(ctx) as (_, container, address):
+            if container is None:
                 return None
-            labels = container.labels or {}
-            if HASH_LABEL not in labels:
-                return f"left container {spec.name} on {address}: runner did not create it (no {HASH_LABEL} label)"
+            if HASH_LABEL not in (container.labels or {}):
+                return f"left container {name} on {address}: runner did not create it (no {HASH_LABEL} label)"
             if dry_run:
-                return f"would remove container {spec.name} ({container.short_id}) on {address}"
-            self._remove(container, spec.stop_timeout)
-            return f"removed container {spec.name} ({container.short_id}) on {address}"
-        except docker.errors.APIError as exc:
-            raise StepError(f"Docker Engine at {address}: {api_error_text(exc)}") from None
-        finally:
-            client.close()
+                return f"would remove container {name} ({container.short_id}) on {address}"
+            self._remove(container, self.spec.stop_timeout)
+            return f"removed container {name} ({container.short_id}) on {address}"
 
     def _remove(self, container: Container, stop_timeout: float) -> None:
         docker = sdk()

@@ -62,6 +62,35 @@ class Project:
             start_new_session=True,
         )
 
+    def on_a_terminal(self, *args: str, extra: dict[str, str] | None = None) -> tuple[int, bytes]:
+        """The CLI on a pseudo-terminal of 100x40, as a user's shell runs it: its exit code and every byte."""
+        import fcntl
+        import pty
+        import struct
+        import termios
+
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
+        env = {**self.env(), "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "40", **(extra or {})}
+        if "NO_COLOR" not in (extra or {}):
+            env.pop("NO_COLOR", None)
+        proc = subprocess.Popen(
+            self.argv(*args), cwd=self.path, env=env, stdin=subprocess.DEVNULL, stdout=follower, stderr=follower
+        )
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                data = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal's other side is closed
+                break
+            if not data:
+                break
+            chunks.append(data)
+        proc.wait(timeout=60)
+        os.close(leader)
+        return proc.returncode, b"".join(chunks)
+
     def count(self, name: str) -> int:
         """Lines in a counter file that commands append to: how often they ran."""
         path = self.path / name

@@ -8,7 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import Project
+
+from tests.gitrepos import Upstream, isolated_git_config
 
 
 def _interpreters(tmp_path: Path) -> tuple[Path, Path]:
@@ -295,13 +298,17 @@ def test_secret_names() -> None:
     assert mask_url_credentials("git+https://u:p4ss@h/x") == "git+https://u:********@h/x"
 
 
-def test_the_smaller_surprises(project: Project, tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from tests.gitrepos import Upstream, isolated_git_config
-
+@pytest.fixture
+def upstream(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Upstream:
+    """A bare repository with one commit, and a git configuration of the test's own."""
     monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(isolated_git_config(tmp_path)))
     monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    upstream = Upstream(tmp_path)
-    upstream.commit("README", "hello\n")
+    repo = Upstream(tmp_path)
+    repo.commit("README", "hello\n")
+    return repo
+
+
+def test_the_smaller_surprises(project: Project, upstream: Upstream) -> None:
     project.write(
         f"""
         name: small
@@ -437,34 +444,6 @@ def test_what_needs_a_stopped_or_held_job_is_blocked_by_name(project: Project) -
         project.run("stop", "server")
 
 
-def _on_a_terminal(project: Project, *args: str) -> bytes:
-    """The CLI on a pseudo-terminal of 100x40, as a user's shell runs it: every byte it wrote."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
-    main, child = pty.openpty()
-    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 100, 0, 0))
-    env = {**project.env(), "TERM": "xterm-256color", "COLUMNS": "100", "LINES": "40"}
-    env.pop("NO_COLOR", None)
-    proc = subprocess.Popen(project.argv(*args), cwd=project.path, env=env, stdin=child, stdout=child, stderr=child)
-    os.close(child)
-    chunks = []
-    while True:
-        try:
-            data = os.read(main, 4096)
-        except OSError:  # EIO: the child side is closed
-            break
-        if not data:
-            break
-        chunks.append(data)
-    proc.wait(timeout=60)
-    os.close(main)
-    assert proc.returncode == 0, b"".join(chunks).decode(errors="replace")
-    return b"".join(chunks)
-
-
 def test_the_live_view_keeps_asked_for_output_and_moves_its_clock(project: Project) -> None:
     import re
 
@@ -482,7 +461,8 @@ def test_the_live_view_keeps_asked_for_output_and_moves_its_clock(project: Proje
             launch: {command: [python3, -c, "print('mean reward 0.75')"], creates: []}
         """
     )
-    raw = _on_a_terminal(project, "apply", "-v")
+    code, raw = project.on_a_terminal("apply", "-v")
+    assert code == 0, raw.decode(errors="replace")
     screen = pyte.Screen(100, 40)
     stream = pyte.ByteStream(screen)
     elapsed: set[str] = set()
@@ -502,15 +482,7 @@ def test_the_live_view_keeps_asked_for_output_and_moves_its_clock(project: Proje
     assert re.search(r"^changed\s+quiet_one", final, re.M), final
 
 
-def test_down_stops_jobs_drops_records_and_purges_only_when_asked(
-    project: Project, tmp_path: Path, monkeypatch
-) -> None:  # type: ignore[no-untyped-def]
-    from tests.gitrepos import Upstream, isolated_git_config
-
-    monkeypatch.setenv("GIT_CONFIG_GLOBAL", str(isolated_git_config(tmp_path)))
-    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
-    upstream = Upstream(tmp_path)
-    upstream.commit("README", "hello\n")
+def test_down_stops_jobs_drops_records_and_purges_only_when_asked(project: Project, upstream: Upstream) -> None:
     project.write(
         f"""
         name: down

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import os
-import pty
 import re
 import subprocess
 import sys
@@ -121,30 +120,8 @@ def test_plain_output_has_no_escape_codes_and_no_color_turns_the_live_view_off(p
         (project.path / ".runner").exists() and subprocess.run(
             [sys.executable, "-m", "runner", "forget", "a"], cwd=project.path, env=project.env(), check=True
         )
-        leader, follower = pty.openpty()
-        env = {**project.env(), "TERM": "xterm-256color", **extra}
-        env.pop("NO_COLOR", None) if "NO_COLOR" not in extra else None
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "runner", "apply"],
-            cwd=project.path,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=follower,
-            stderr=follower,
-        )
-        os.close(follower)
-        chunks = []
-        while True:
-            try:
-                data = os.read(leader, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            chunks.append(data)
-        proc.wait(timeout=60)
-        os.close(leader)
-        return b"".join(chunks).decode(errors="replace")
+        _, raw = project.on_a_terminal("apply", extra=extra)
+        return raw.decode(errors="replace")
 
     live = on_a_terminal({})
     assert "\x1b[" in live and "changed" in live
