@@ -103,6 +103,7 @@ class SecretStore:
         self.path = state_dir / "secrets.json"
         self._lock = threading.Lock()
         self.data: dict[str, dict[str, str]] = {}
+        self._ephemeral: str | None = None
 
     def load(self) -> SecretStore:
         from runner.errors import StateError
@@ -120,6 +121,28 @@ class SecretStore:
         if isinstance(data, dict):
             self.data = {str(k): {str(a): str(b) for a, b in v.items()} for k, v in data.items() if isinstance(v, dict)}
         return self
+
+    DIGEST_ENTRY = "(runner)"  # not a step name (those are letters, digits, - and _): runner's own secrets
+
+    def keyed_digest(self, text: str) -> str:
+        """An HMAC-SHA256 of a secret, keyed with a random key kept only here (0600), made on first use: a digest
+        that state.json may hold without letting a hand-picked key be guessed from it."""
+        import hashlib
+        import hmac
+        import secrets as random_source
+
+        with self._lock:
+            key = self.data.get(self.DIGEST_ENTRY, {}).get("digest_key")
+            if not key:  # not made yet (apply makes it, under the lock): one for this process only
+                key = self._ephemeral = self._ephemeral or random_source.token_hex(32)
+        return "hmac-sha256:" + hmac.new(bytes.fromhex(key), text.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def ensure_digest_key(self) -> None:
+        """Make the key of keyed_digest if there is none (apply does, holding the pipeline's lock)."""
+        import secrets as random_source
+
+        if not self.get(self.DIGEST_ENTRY).get("digest_key"):
+            self.put(self.DIGEST_ENTRY, {**self.get(self.DIGEST_ENTRY), "digest_key": random_source.token_hex(32)})
 
     def values(self) -> list[str]:
         return [value for entry in self.data.values() for value in entry.values()]

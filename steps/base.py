@@ -117,6 +117,9 @@ class StepContext:
     notice: Callable[[str], None] = lambda message: None  # a one-line message to the user
     # how far the step is: (done, total or None, unit), e.g. bytes of an image pull; the live view draws a bar
     progress: Callable[[int, int | None, str], None] = lambda done, total, unit: None
+    # a keyed digest (HMAC) of a secret, whose key lives only in the 0600 secrets file: for records and
+    # fingerprints that must change with a secret without revealing it
+    digest: Callable[[str], str] = lambda text: "unkeyed"
     # set False by an apply that found the system already as the spec says (a forced clone at its commit):
     # the step then reports `ok`, not `changed`
     changed: bool = True

@@ -21,7 +21,6 @@ container's id, the installed SDK version).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import signal
 from typing import Any
@@ -159,10 +158,6 @@ class E2bSpec(SpecModel):
         return value
 
 
-def key_digest(key: str) -> str:
-    return "sha256:" + hashlib.sha256(key.encode()).hexdigest()[:16]
-
-
 class E2bStep(StepKind[E2bSpec]):
     kind = "e2b"
     Spec = E2bSpec
@@ -187,7 +182,7 @@ class E2bStep(StepKind[E2bSpec]):
         extra: dict[str, Any] = {
             "api_url": api_url,
             "sandbox_url": sandbox_url,
-            "key": key_digest(key) if key else None,
+            "key": ctx.digest(key) if key else None,
             "python": self._python(),
         }
         if self.spec.python is None:
@@ -312,7 +307,7 @@ class E2bStep(StepKind[E2bSpec]):
             "stdout": stdout[-2000:],
             "sdk_version": version,
             "api_url": api_url,
-            "key_digest": key_digest(key),
+            "key_digest": ctx.digest(key),
         }
 
 

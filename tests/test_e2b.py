@@ -87,7 +87,17 @@ def test_check_passes_through_v2_then_converges_without_calling(project: Project
         state = json.loads((project.path / ".runner" / "state.json").read_text())
         outputs = state["steps"]["check"]["outputs"]
         assert outputs["exit_code"] == 0 and "ok" in outputs["stdout"]
-        assert outputs["sdk_version"].startswith("2.") and outputs["key_digest"].startswith("sha256:")
+        assert outputs["sdk_version"].startswith("2.") and outputs["key_digest"].startswith("hmac-sha256:")
+        # keyed: the key of the digest is only in the 0600 secrets file, and no plain hash of the API key is kept
+        import hashlib
+        import hmac
+
+        secrets = json.loads((project.path / ".runner" / "secrets.json").read_text())
+        digest_key = bytes.fromhex(secrets["(runner)"]["digest_key"])
+        expected = hmac.new(digest_key, KEY.encode(), hashlib.sha256).hexdigest()[:32]
+        assert outputs["key_digest"] == f"hmac-sha256:{expected}"
+        state_text = (project.path / ".runner" / "state.json").read_text()
+        assert hashlib.sha256(KEY.encode()).hexdigest()[:16] not in state_text
 
         calls = log.count("POST /v2/sandboxes")
         second = project.run("apply")

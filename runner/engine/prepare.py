@@ -190,6 +190,7 @@ class Preparing(EngineBase):
             mask=self.masker.mask,
             stored_secrets=self.secrets.get(record_name),
             notice=self.reporter.notice,
+            digest=self.secrets.keyed_digest,
         )
         dumped = spec.model_dump(mode="json")
         spec_data = (

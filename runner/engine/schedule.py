@@ -26,6 +26,7 @@ class Scheduling(Executing):
     def apply(self) -> list[Result]:
         with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
             self.load_state()
+            self.secrets.ensure_digest_key()
             self.holding.clear()
             check_writable(self.pipeline.state_dir)
             log_dir = self.pipeline.state_dir / "logs" / self.run_id
