@@ -25,6 +25,7 @@ version) and `python`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -289,14 +290,15 @@ class PipStep(StepKind[PipSpec]):
         env: dict[str, str] = data["env"]
         reqs, editables, _ = self._files(ctx)
         problems: list[str] = []
+        seen: set[str] = set()
         for line in reqs:
             try:
                 req = Requirement(line)
             except InvalidRequirement:
                 continue  # URLs and the like that packaging does not parse: the fingerprint covers them
-            problems += _check(req, dists, env, depth=0)
+            problems += _check(req, dists, env, seen)
         for path in editables:
-            problems += _check_editable(path, dists)
+            problems += _check_editable(path, dists, env, seen)
         return problems
 
     def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[str]) -> list[str]:
@@ -460,37 +462,63 @@ class PipStep(StepKind[PipSpec]):
         return dict(sorted(out.items()))
 
 
-def _check(req: Any, dists: dict[str, Any], env: dict[str, str], depth: int, extra: str = "") -> list[str]:
+@functools.lru_cache(maxsize=8192)
+def _requirement(line: str) -> Any:
     from packaging.requirements import InvalidRequirement, Requirement
 
-    if req.marker is not None and not req.marker.evaluate({**env, "extra": extra}):
+    try:
+        return Requirement(line)
+    except InvalidRequirement:
+        return None
+
+
+def _check(
+    req: Any, dists: dict[str, Any], env: dict[str, str], seen: set[str] | None = None, needed_by: str = ""
+) -> list[str]:
+    """What keeps `req` from being satisfied: it, and then — as `pip check` would, but only for what the step
+    asks for — its dependencies, theirs, and so on (the extras it asks for included). A package installed with
+    --no-deps beside a missing dependency is not satisfied."""
+    seen = set() if seen is None else seen
+    if req.marker is not None and not req.marker.evaluate({**env, "extra": ""}):
         return []
+    why = f" (needed by {needed_by})" if needed_by else ""
     dist = dists.get(canonical(req.name))
     if dist is None:
-        return [f"{req.name} is not installed" + (f", wants {req.specifier}" if req.specifier else "")]
+        return [f"{req.name} is not installed" + (f", wants {req.specifier}" if req.specifier else "") + why]
     version = dist["version"]
     if req.specifier and not req.specifier.contains(version, prereleases=True):
-        return [f"{req.name}: {version} installed, wants {req.specifier}"]
-    if req.url:
+        return [f"{req.name}: {version} installed, wants {req.specifier}{why}"]
+    if req.url and not needed_by:
         direct = (dist.get("direct_url") or {}).get("url")
         if direct != req.url:
             return [f"{req.name} is installed from {direct or 'an index'}, wants {req.url}"]
+    provided = {canonical(e) for e in dist.get("extras") or []}
+    extras = sorted(e for e in req.extras if canonical(e) in provided)  # pip ignores an undeclared extra
+    return _dependencies(dist, extras, dists, env, seen)
+
+
+def _dependencies(
+    dist: dict[str, Any], extras: list[str], dists: dict[str, Any], env: dict[str, str], seen: set[str]
+) -> list[str]:
+    """The unmet requirements of an installed distribution (with `extras`), transitively; each once."""
+    key = canonical(dist["name"]) + "[" + ",".join(extras) + "]"
+    if key in seen:
+        return []
+    seen.add(key)
     problems: list[str] = []
-    if depth == 0:
-        provided = {canonical(e) for e in dist.get("extras") or []}
-        for name in sorted(req.extras):
-            if canonical(name) not in provided:
-                continue  # pip ignores an extra the package does not declare (with a warning)
-            for line in dist.get("requires") or []:
-                try:
-                    dep = Requirement(line)
-                except InvalidRequirement:
-                    continue
-                if dep.marker is None or "extra" not in str(dep.marker):
-                    continue
-                if dep.marker.evaluate({**env, "extra": name}):
-                    dep.marker = None
-                    problems += [f"{p} (for {req.name}[{name}])" for p in _check(dep, dists, env, depth + 1)]
+    label = dist["name"] + (f"[{','.join(extras)}]" if extras else "") + f" {dist['version']}"
+    for line in dist.get("requires") or []:
+        dep = _requirement(line)
+        if dep is None:
+            continue
+        if dep.marker is not None:
+            wanted = any(dep.marker.evaluate({**env, "extra": e}) for e in ["", *extras])
+            if not wanted:
+                continue
+            dep = _requirement(str(dep).split(";")[0].strip())  # the marker held: check it plain
+            if dep is None:
+                continue
+        problems += _check(dep, dists, env, seen, label)
     return problems
 
 
@@ -523,9 +551,10 @@ def _project_name(path: Path) -> str | None:
     return None
 
 
-def _check_editable(path: str, dists: dict[str, Any]) -> list[str]:
-    if _editable_dist(path, dists):
-        return []
+def _check_editable(path: str, dists: dict[str, Any], env: dict[str, str], seen: set[str]) -> list[str]:
+    found = _editable_dist(path, dists)
+    if found:
+        return _dependencies(found, [], dists, env, seen)
     name = _project_name(Path(path)) if "://" not in path else None
     dist = dists.get(canonical(name)) if name else None
     if dist is None:

@@ -164,3 +164,23 @@ def test_bad_requirement_is_an_input_error(project: Project) -> None:
     result = project.run("validate")
     assert result.code == 2
     assert "pipeline.yaml:4:" in result.err and "is not a requirement" in result.err
+
+
+def test_a_package_whose_dependencies_are_missing_is_not_satisfied(project: Project, wheelhouse: Path) -> None:
+    """As `e2b` installed with --no-deps beside a missing `dockerfile_parse`: the probe checks the closure of
+    what the step asks for (deps of deps too, extras included), still without running pip when all is there."""
+    make_wheel(wheelhouse, "tinydelta", "1.0", requires=["tinybeta[more]>=0.5"])
+    _pipeline(project, wheelhouse, ["tinydelta"])
+    assert project.run("apply").code == 0
+    assert set(_installed(project)) >= {"tinyalpha", "tinybeta", "tinygamma", "tinydelta"}
+    converged = project.run("plan")
+    assert converged.code == 0, converged.text
+    # take away a dependency of a dependency (reached through an extra), as --no-deps or a pip uninstall would
+    subprocess.run(
+        [str(project.path / "venv/bin/python"), "-m", "pip", "uninstall", "-q", "-y", "tinygamma"], check=True
+    )
+    plan = project.run("plan")
+    assert plan.code == 2, plan.text
+    assert "tinygamma is not installed (needed by tinybeta[more] 0.5)" in plan.out, plan.out
+    assert project.run("apply").code == 0
+    assert "tinygamma" in _installed(project)
