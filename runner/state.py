@@ -151,7 +151,8 @@ class StateStore:
         try:
             if self._journal is None:
                 self.dir.mkdir(parents=True, exist_ok=True)
-                self._journal = open(self.journal_path(), "ab")
+                fd = os.open(self.journal_path(), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+                self._journal = os.fdopen(fd, "ab")
                 if self._journal.tell() and not self._ends_with_newline():
                     self._journal.write(b"\n")  # close off a torn line left by a crash
             if faults.hit("journal-torn"):  # a crash in the middle of an append
@@ -211,9 +212,37 @@ class StateStore:
 MIN_FREE = 64 * 1024  # bytes the state directory needs to record a run
 
 
+# What runner keeps in .runner/: none of it may be a symbolic link (a link would make runner write, truncate or
+# prune what it points at: a shared folder, another file).
+STATE_ENTRIES = ("state.json", "secrets.json", "env.sh", "lock", "logs", "jobs", "cache")
+
+
+def check_no_links(state_dir: Path) -> None:
+    """Refuse a .runner/ whose entries (or the files in jobs/) are symbolic links; `.runner` itself may be one
+    (state kept on another disk)."""
+    candidates = [state_dir / name for name in STATE_ENTRIES]
+    with contextlib.suppress(OSError):
+        candidates += [p for p in state_dir.glob("journal-*.jsonl")]
+    jobs = state_dir / "jobs"
+    if jobs.is_dir() and not jobs.is_symlink():
+        with contextlib.suppress(OSError):
+            candidates += list(jobs.iterdir())
+    for path in candidates:
+        if path.is_symlink():
+            try:
+                target = os.readlink(path)
+            except OSError:
+                target = "?"
+            raise StateError(
+                f"{path} is a symbolic link (to {target}): runner never writes, truncates or prunes through a "
+                "link in its state directory; remove the link (and move what it should keep there by hand)"
+            )
+
+
 def check_writable(state_dir: Path) -> None:
-    """Before any step runs: can we record what happens? A read-only or full .runner/ is said up front.
-    Cheap on the converged path: a permission check and a statvfs, no write."""
+    """Before any step runs: can we record what happens? A read-only or full .runner/ is said up front, and so is
+    a link inside it. Cheap on the converged path: a permission check and a statvfs, no write."""
+    check_no_links(state_dir)
     try:
         (state_dir / "logs").mkdir(parents=True, exist_ok=True)
         if not os.access(state_dir, os.W_OK) or not os.access(state_dir / "logs", os.W_OK):
@@ -244,9 +273,10 @@ def pipeline_lock(state_dir: Path, notice: Any = print) -> Iterator[None]:
         state_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise StateError(f"cannot create {state_dir}: {exc.strerror}") from None
+    check_no_links(state_dir)  # before the lock is opened (and written): a link there is refused by name
     path = state_dir / "lock"
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as exc:
         raise StateError(f"cannot open the lock {path}: {exc.strerror}") from None
     try:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import pytest
 from conftest import Project
 
 from runner.state import COMPACT_MIN, StateStore
@@ -99,3 +101,48 @@ def test_loads_racing_compactions_never_fail(tmp_path: Path) -> None:
         for t in readers:
             t.join()
     assert errors == []
+
+
+@pytest.mark.parametrize(
+    "entry", ["logs", "lock", "state.json", "secrets.json", "env.sh", "journal-0.jsonl", "jobs/job.log"]
+)
+def test_runner_never_writes_through_a_link_in_its_state_directory(
+    project: Project, tmp_path: Path, entry: str
+) -> None:
+    project.write(
+        """
+        steps:
+          - name: key
+            secret: {bytes: 8}
+          - name: settings
+            env: {A: "1"}
+          - name: job
+            run: {command: [echo, hi]}
+        """
+    )
+    assert project.run("apply").code == 0
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    target = outside / "precious"
+    if entry == "logs":
+        target.mkdir()
+        for i in range(25):
+            (target / f"2026010{i % 10}-00000{i % 10}-{i}").mkdir(exist_ok=True)  # look like run directories
+        before = sorted(p.name for p in target.iterdir())
+    else:
+        target.write_text("keep me\n")
+    link = project.path / ".runner" / entry
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_dir() and not link.is_symlink():
+        shutil.rmtree(link)
+    elif link.exists() or link.is_symlink():
+        link.unlink()
+    link.symlink_to(target)
+    (project.path / "pipeline.yaml").write_text((project.path / "pipeline.yaml").read_text().replace("hi", "ho"))
+    result = project.run("apply")
+    assert result.code == 1, result.text
+    assert "is a symbolic link" in result.err and str(link) in result.err, result.err
+    if entry == "logs":
+        assert sorted(p.name for p in target.iterdir()) == before  # nothing pruned there
+    else:
+        assert target.read_text() == "keep me\n"  # neither truncated nor appended to

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import heapq
+import re
 import shutil
 import signal
 import threading
@@ -17,6 +18,7 @@ from runner.engine.execute import Executing
 from runner.events import Result
 from runner.state import check_writable, pipeline_lock
 
+RUN_ID = re.compile(r"\d{8}-\d{6}-\d+")  # as EngineBase makes them: 20261203-234843-5193
 KEPT_RUNS = 20
 
 
@@ -41,7 +43,10 @@ class Scheduling(Executing):
         logs = self.pipeline.state_dir / "logs"
         if not logs.is_dir():
             return
-        runs = sorted(p for p in logs.iterdir() if p.is_dir())
+        if logs.is_symlink():
+            return  # never pruned through a link (check_writable refuses one before any step runs)
+        # only the run directories runner made (named by their run id), never a link
+        runs = sorted(p for p in logs.iterdir() if RUN_ID.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
         for old in runs[: max(0, len(runs) - KEPT_RUNS + 1)]:
             shutil.rmtree(old, ignore_errors=True)
 

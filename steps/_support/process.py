@@ -132,7 +132,7 @@ def run_process(
     captured_size = 0
     log_error: list[str] = []
     try:
-        log = open(ctx.log_path, "a", encoding="utf-8", errors="replace") if ctx.log_path else None
+        log = _open_log(ctx.log_path) if ctx.log_path else None
     except OSError as exc:
         log, log_error = None, [exc.strerror or str(exc)]
 
@@ -195,3 +195,12 @@ def run_process(
     if reason:
         raise StepError(f"command {reason}", output_tail="\n".join(tail))
     return Completed(proc.returncode, "".join(captured), list(tail))
+
+
+def _open_log(path: Path) -> Any:
+    """A step log, appended to, never through a symbolic link (O_NOFOLLOW), 0600 as the rest of .runner/."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise StepError(f"cannot open the step log {path}: {exc.strerror}") from None
+    return os.fdopen(fd, "a", encoding="utf-8", errors="replace")
