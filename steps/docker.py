@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import socket
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
@@ -44,6 +45,26 @@ CONFIG_VERSION = 1
 HASH_LABEL = "runner.config-hash"
 CONFIG_LABEL = "runner.config"
 STEP_LABEL = "runner.step"
+OWNER_LABEL = "runner.owner"  # host:/path/.runner of the pipeline that created it
+
+
+def owner_of(ctx: StepContext) -> str:
+    """The identity a container carries of the pipeline that made it: this machine and its state directory."""
+    return f"{socket.gethostname()}:{ctx.state_dir.resolve()}"
+
+
+def foreign_owner(ctx: StepContext, container: Container) -> str | None:
+    """A description of the other pipeline that owns this container, or None when it is ours (or unmarked)."""
+    owner = (container.labels or {}).get(OWNER_LABEL)
+    if owner and owner != owner_of(ctx):
+        return (
+            f"container {container.name} belongs to another pipeline ({owner}, step "
+            f"{(container.labels or {}).get(STEP_LABEL, '?')}): runner does not fight over it"
+        )
+    return None
+
+
+OWNER_HINT = "give this step another docker `name:`, or take it down there first (`runner down` in that pipeline)"
 START_GRACE = 0.5  # seconds a container must stay up after start when there is no readiness wait
 LOG_TAIL = 20
 
@@ -216,10 +237,22 @@ class DockerStep(StepKind[DockerSpec]):
         finally:
             client.close()
 
+    def preview(self, ctx: StepContext) -> str | None:
+        """For plan: a container of this name that another pipeline owns (apply refuses to replace it)."""
+        try:
+            with self._existing(ctx) as (_, container, _address):
+                theirs = foreign_owner(ctx, container) if container is not None else None
+        except StepError:
+            return None  # the engine's own error is the probe's to tell
+        return f"{theirs}; {OWNER_HINT}" if theirs else None
+
     def probe(self, ctx: StepContext) -> Probe:
         with self._existing(ctx) as (client, container, address):
             if container is None:
                 return Probe.missing(f"no container named {self.spec.name} on {address}")
+            theirs = foreign_owner(ctx, container)
+            if theirs:
+                return Probe.missing(theirs)
             drift = self._drift(ctx, client, container)
             if drift:
                 return Probe.drift(drift[0], tuple(drift[1]))
@@ -275,6 +308,10 @@ class DockerStep(StepKind[DockerSpec]):
                 existing: Container | None = client.containers.get(spec.name)
             except docker.errors.NotFound:
                 existing = None
+            if existing is not None:
+                theirs = foreign_owner(ctx, existing)
+                if theirs:
+                    raise StepError(theirs, hint=OWNER_HINT)
             image = self._ensure_image(ctx, client, address)
             if existing is not None:
                 drift = self._drift(ctx, client, existing)
@@ -362,6 +399,9 @@ class DockerStep(StepKind[DockerSpec]):
                 return None
             if HASH_LABEL not in (container.labels or {}):
                 return f"left container {name} on {address}: runner did not create it (no {HASH_LABEL} label)"
+            theirs = foreign_owner(ctx, container)
+            if theirs:
+                return f"left: {theirs}"
             if dry_run:
                 return f"would remove container {name} ({container.short_id}) on {address}"
             self._remove(container, self.spec.stop_timeout)
@@ -392,6 +432,7 @@ class DockerStep(StepKind[DockerSpec]):
             HASH_LABEL: self.config_hash(ctx),
             CONFIG_LABEL: json.dumps(self._masked_config(ctx), sort_keys=True),
             STEP_LABEL: ctx.name,
+            OWNER_LABEL: owner_of(ctx),
         }
         restart: dict[str, Any] | None = None
         if spec.restart != "no":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -262,3 +263,26 @@ def test_down_removes_the_container_it_made_and_only_that(project: Project, dock
     theirs = project.run("down")
     assert theirs.code == 0 and "runner did not create it" in theirs.out, theirs.text
     assert len(_containers(docker_client, name)) == 1
+
+
+def test_two_pipelines_with_one_container_name_do_not_fight(
+    project: Project, docker_client: Any, tmp_path: Path
+) -> None:
+    name = _name(docker_client)
+    port = free_port()
+    _server(project, name, port)
+    assert project.run("apply").code == 0
+    first_id = docker_client.containers.get(name).id
+    other = Project(tmp_path / "other")
+    other.path.mkdir()
+    _server(other, name, port, env="A: '2'")
+    plan = other.run("plan")
+    assert plan.code == 2 and "x fail" in plan.out and "belongs to another pipeline" in plan.out, plan.out
+    applied = other.run("apply")
+    assert applied.code == 1 and "belongs to another pipeline" in applied.out, applied.text
+    assert docker_client.containers.get(name).id == first_id  # not recreated by the other pipeline
+    again = project.run("apply")
+    assert again.code == 0 and "ok       web" in again.out, again.text  # nor is it fought over on the next apply
+    assert docker_client.containers.get(name).id == first_id
+    assert "belongs to another pipeline" in other.run("down").out
+    assert docker_client.containers.get(name).id == first_id
