@@ -51,6 +51,7 @@ class StateStore:
         self.data: dict[str, Any] = {"schema": SCHEMA_VERSION, "generation": 0, "steps": {}}
         self._journal: Any = None  # the open journal file, appended to between snapshots
         self._entries = 0
+        self.skipped: list[str] = []  # what load() found corrupt and left out (said by the engine as a notice)
 
     @property
     def generation(self) -> int:
@@ -61,6 +62,7 @@ class StateStore:
 
     def load(self) -> StateStore:
         for _ in range(5):  # a reader without the lock may race a compaction: read until both agree
+            self.skipped = []
             data = self._read_snapshot()
             entries = self._replay(data)
             again = self._read_snapshot()
@@ -93,6 +95,9 @@ class StateStore:
             )
         if not isinstance(data.get("generation", 0), int):
             raise StateError(f"{self.path} has a bad generation; move it away to start over")
+        for name in [n for n, record in data["steps"].items() if not isinstance(record, dict)]:
+            del data["steps"][name]  # a record of the wrong type: no record (the step is probed and re-run)
+            self.skipped.append(f"{self.path.name}: the record of {name[:80]!r}")
         return data
 
     def _replay(self, data: dict[str, Any]) -> int:
@@ -112,14 +117,21 @@ class StateStore:
         except OSError as exc:
             raise StateError(f"cannot read {path}: {exc.strerror}") from None
         count = 0
-        for line in raw.split(b"\n"):
+        lines = raw.split(b"\n")
+        for number, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             try:
                 entry = json.loads(line)
                 name, record = entry["step"], entry["record"]
+                if not isinstance(name, str) or not (record is None or isinstance(record, dict)):
+                    raise TypeError("not a step transition")
             except (ValueError, KeyError, TypeError):
-                continue  # a torn line from a crash mid-append: that transition never completed
+                # the last line torn by a crash mid-append: that transition never completed; any other bad
+                # line is corruption, skipped, and said (the steps it recorded are probed again)
+                if number != len(lines):
+                    self.skipped.append(f"{path.name} line {number}")
+                continue
             if record is None:
                 data["steps"].pop(name, None)
             elif isinstance(record, dict):

@@ -146,3 +146,23 @@ def test_runner_never_writes_through_a_link_in_its_state_directory(
         assert sorted(p.name for p in target.iterdir()) == before  # nothing pruned there
     else:
         assert target.read_text() == "keep me\n"  # neither truncated nor appended to
+
+
+def test_records_and_journal_lines_of_the_wrong_type_are_left_out_and_said(project: Project) -> None:
+    project.write("steps:\n  - name: a\n    run: {command: [echo, hi]}\n  - name: b\n    run: {command: [echo, ho]}\n")
+    assert project.run("apply").code == 0
+    state = project.path / ".runner" / "state.json"
+    data = json.loads(state.read_text())
+    data["steps"]["a"] = "a string, not a record"
+    data["steps"]["b"] = {"status": None, "outputs": [1, 2], "fingerprint": 5, "upstream": "x", "spec": 3}
+    state.write_text(json.dumps(data))
+    journal = project.path / ".runner" / f"journal-{data['generation']}.jsonl"
+    lines = [{"step": [1], "record": {}}, {"step": 5, "record": "x"}, {"step": "\x1b[31mred", "record": 7}]
+    journal.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    for command in ("plan", "status", "explain a", "apply"):
+        result = project.run(*command.split())
+        assert "internal error" not in result.text and "Traceback" not in result.text, (command, result.text)
+        assert "held corrupt state" in result.err and "line 1" in result.err and "'a'" in result.err, result.err
+        assert "\x1b" not in result.text
+    assert project.run("apply").err == ""  # rewritten whole by the apply: nothing corrupt is left
+    assert project.run("plan").code == 0

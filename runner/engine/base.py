@@ -63,6 +63,14 @@ class EngineBase:
     def load_state(self) -> None:
         """Read state.json and the secrets file; every kept secret is masked from here on."""
         self.state.load()
+        if self.state.skipped:
+            shown = "; ".join(self.state.skipped[:5]) + (
+                f"; and {len(self.state.skipped) - 5} more" if len(self.state.skipped) > 5 else ""
+            )
+            self.reporter.notice(
+                f"notice: {self.pipeline.state_dir} held corrupt state, left out: {shown}; the steps it recorded "
+                "are probed (and run if need be) again"
+            )
         self.secrets.load()
         for value in self.secrets.values():
             self.masker.add(value)
