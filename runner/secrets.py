@@ -65,12 +65,33 @@ class Masker:
                         self.add(secret)
 
     def add(self, value: str) -> None:
-        if len(value) < MIN_SECRET_LENGTH:
-            return
+        """A secret, and the forms it is commonly printed in: each line of a multi-line one (a PEM key echoed
+        line by line), upper and lower case, JSON-escaped, URL-encoded."""
+        import urllib.parse
+
+        forms = {value, value.upper(), value.lower(), json.dumps(value)[1:-1], urllib.parse.quote(value, safe="")}
+        forms.add(urllib.parse.quote_plus(value))
+        if "\n" in value:
+            forms.update(line.strip() for line in value.splitlines())
+        forms = {f for f in forms if len(f) >= MIN_SECRET_LENGTH}
         with self._lock:
-            if value not in self._values:
-                self._values.append(value)
+            fresh = forms - set(self._values)
+            if fresh:
+                self._values.extend(fresh)
                 self._values.sort(key=len, reverse=True)  # longest first: no partial leftovers
+
+    def add_data(self, value: object) -> list[str]:
+        """Every string inside a secret of any shape (a mapping, a list, a number); returns the parts too short
+        to mask (shorter than MIN_SECRET_LENGTH), for a warning."""
+        if isinstance(value, dict):
+            return [short for v in value.values() for short in self.add_data(v)]
+        if isinstance(value, list):
+            return [short for v in value for short in self.add_data(v)]
+        if value is None or isinstance(value, bool):
+            return []
+        text = str(value)
+        self.add(text)
+        return [text] if len(text) < MIN_SECRET_LENGTH else []
 
     def __bool__(self) -> bool:
         return bool(self._values)

@@ -521,3 +521,33 @@ def _alive(pid: int) -> bool:
             return fh.read().split(") ")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def test_secrets_of_every_shape_and_form_are_masked(project: Project) -> None:
+    """Issue 19, item 4: a mapping or list secret, a multi-line one echoed line by line, the usual transforms."""
+    project.write(
+        """
+        name: shapes
+        vars:
+          creds: {user: deploy-user-1, password: "p@ss w0rd/xyz"}
+          tokens: [tok-aaaa-1111, tok-bbbb-2222]
+          pem: "-----BEGIN KEY-----\\nMIIBOgIBAAJBAKj34GkxFhD9\\nZ0N1eXpTb2Z0d2FyZTEw\\n-----END KEY-----"
+          short: abc
+        secrets: [creds, tokens, pem, short]
+        steps:
+          - name: leak
+            run:
+              command: >-
+                printf '%s\\n' {{ vars.creds.user | quote }} {{ vars.creds.password | upper | quote }}
+                {{ vars.tokens | tojson | quote }} {{ vars.creds.password | urlencode | quote }}
+                {{ vars.pem | quote }}
+        """
+    )
+    result = project.run("apply", "-v")
+    assert result.code == 0, result.text
+    assert "secret var 'short'" in result.err and "shorter than 4" in result.err
+    texts = [result.text, *(p.read_text() for p in (project.path / ".runner").rglob("*.log"))]
+    texts.append((project.path / ".runner" / "state.json").read_text())
+    for text in texts:
+        for leaked in ("deploy-user-1", "P@SS W0RD/XYZ", "tok-aaaa-1111", "p%40ss%20w0rd%2Fxyz", "MIIBOgIBAAJB"):
+            assert leaked not in text, (leaked, text)

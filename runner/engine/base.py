@@ -46,7 +46,11 @@ class EngineBase:
         self.secrets = SecretStore(pipeline.state_dir)
         self.masker = Masker(pipeline.not_secret)
         for name in pipeline.secrets:
-            self.masker.add(str(pipeline.vars[name]))
+            if self.masker.add_data(pipeline.vars[name]):  # a mapping or list: each string in it
+                reporter.notice(
+                    f"warning: secret var {name!r} has a value (or part) shorter than 4 characters: it cannot be "
+                    "masked without masking ordinary text; use a longer secret"
+                )
         self.masker.scan(pipeline.vars)  # vars named like secrets (api_key, hf_token), URL passwords
         self.facts = Facts()
         self.outputs: dict[str, dict[str, Any]] = {}
