@@ -24,6 +24,13 @@ def secret_name(name: str) -> bool:
     return bool(words) and words[-1].lower() in SECRET_WORDS
 
 
+def _url_secret(m: re.Match[str]) -> str | None:
+    """The secret part of a URL's userinfo: its password, or for http(s) a user alone (a token); None else."""
+    if m.group(3) is not None:
+        return m.group(3)
+    return m.group(2) if m.group(1).lower() in ("http://", "https://") else None
+
+
 def mask_url_credentials(text: str) -> str:
     """`https://user:TOKEN@host` -> `https://user:********@host`; `https://TOKEN@host` -> `https://********@host`
     (a user alone is kept for other schemes: `ssh://git@host`)."""
@@ -31,17 +38,17 @@ def mask_url_credentials(text: str) -> str:
         return text
 
     def hide(m: re.Match[str]) -> str:
-        scheme, user, password = m.group(1), m.group(2), m.group(3)
-        if password is not None:
-            return f"{scheme}{user}:{MASK}@"
-        return f"{scheme}{MASK}@" if scheme.lower() in ("http://", "https://") else m.group(0)
+        if _url_secret(m) is None:
+            return m.group(0)
+        return f"{m.group(1)}{m.group(2)}:{MASK}@" if m.group(3) is not None else f"{m.group(1)}{MASK}@"
 
     return _URL_CREDENTIALS.sub(hide, text)
 
 
 class Masker:
     def __init__(self, not_secret: frozenset[str] = frozenset()) -> None:
-        self._values: list[str] = []
+        self._values: list[str] = []  # longest first
+        self._known: set[str] = set()  # the same values, to tell a new one at once
         self._lock = threading.Lock()
         self.not_secret = not_secret
 
@@ -60,8 +67,8 @@ class Masker:
                 self.add(text)
             if "://" in text and "@" in text:
                 for m in _URL_CREDENTIALS.finditer(text):
-                    secret = m.group(3) if m.group(3) is not None else m.group(2)
-                    if m.group(3) is not None or m.group(1).lower() in ("http://", "https://"):
+                    secret = _url_secret(m)
+                    if secret is not None:
                         self.add(secret)
 
     def add(self, value: str) -> None:
@@ -75,8 +82,9 @@ class Masker:
             forms.update(line.strip() for line in value.splitlines())
         forms = {f for f in forms if len(f) >= MIN_SECRET_LENGTH}
         with self._lock:
-            fresh = forms - set(self._values)
+            fresh = forms - self._known
             if fresh:
+                self._known |= fresh
                 self._values.extend(fresh)
                 self._values.sort(key=len, reverse=True)  # longest first: no partial leftovers
 
@@ -146,8 +154,8 @@ class SecretStore:
     DIGEST_ENTRY = "(runner)"  # not a step name (those are letters, digits, - and _): runner's own secrets
 
     def keyed_digest(self, text: str) -> str:
-        """An HMAC-SHA256 of a secret, keyed with a random key kept only here (0600), made on first use: a digest
-        that state.json may hold without letting a hand-picked key be guessed from it."""
+        """An HMAC-SHA256 of a secret, keyed with a random key kept only here (0600; ensure_digest_key makes it):
+        a digest that state.json may hold without letting a hand-picked key be guessed from it."""
         import hashlib
         import hmac
         import secrets as random_source

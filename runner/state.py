@@ -252,9 +252,8 @@ def check_no_links(state_dir: Path) -> None:
 
 
 def check_writable(state_dir: Path) -> None:
-    """Before any step runs: can we record what happens? A read-only or full .runner/ is said up front, and so is
-    a link inside it. Cheap on the converged path: a permission check and a statvfs, no write."""
-    check_no_links(state_dir)
+    """Before any step runs: can we record what happens? A read-only or full .runner/ is said up front (a link
+    inside it already was, by pipeline_lock). Cheap on the converged path: a permission check and a statvfs."""
     try:
         (state_dir / "logs").mkdir(parents=True, exist_ok=True)
         if not os.access(state_dir, os.W_OK) or not os.access(state_dir / "logs", os.W_OK):

@@ -260,11 +260,8 @@ class LiveReporter(Reporter):
 
     def _ensure_live(self) -> None:
         with self._live_lock:
-            if self._live is None:
-                self._start_live()
-
-    def _start_live(self) -> None:
-        if self._live is None:
+            if self._live is not None:
+                return
             from rich.live import Live
 
             self._live = Live(

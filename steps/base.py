@@ -97,6 +97,10 @@ class StepError(Exception):
         self.output_tail = output_tail
 
 
+def _no_digest() -> str:
+    raise RuntimeError("this StepContext has no keyed digest: the engine gives one (SecretStore.keyed_digest)")
+
+
 @dataclass
 class StepContext:
     """What a step gets from the engine: never globals."""
@@ -119,7 +123,7 @@ class StepContext:
     progress: Callable[[int, int | None, str], None] = lambda done, total, unit: None
     # a keyed digest (HMAC) of a secret, whose key lives only in the 0600 secrets file: for records and
     # fingerprints that must change with a secret without revealing it
-    digest: Callable[[str], str] = lambda text: "unkeyed"
+    digest: Callable[[str], str] = lambda text: _no_digest()
     # set False by an apply that found the system already as the spec says (a forced clone at its commit):
     # the step then reports `ok`, not `changed`
     changed: bool = True

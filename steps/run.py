@@ -82,7 +82,9 @@ class RunStep(StepKind[RunSpec]):
         return {"inputs": found, "input_digests": content_digest(paths)}
 
     def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
-        return "; ".join(remove_created(ctx, self.spec.creates, dry_run)) or None if purge else None
+        if not purge:
+            return None
+        return "; ".join(remove_created(ctx, self.spec.creates, dry_run)) or None
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         spec = self.spec

@@ -46,7 +46,7 @@ class EngineBase:
         self.secrets = SecretStore(pipeline.state_dir)
         self.masker = Masker(pipeline.not_secret)
         for name in pipeline.secrets:
-            if self.masker.add_data(pipeline.vars[name]):  # a mapping or list: each string in it
+            if self.masker.add_data(pipeline.vars[name]):  # each string of it masked; these too short to be
                 reporter.notice(
                     f"warning: secret var {name!r} has a value (or part) shorter than 4 characters: it cannot be "
                     "masked without masking ordinary text; use a longer secret"
