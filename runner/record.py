@@ -45,6 +45,12 @@ class StepRecord:
         return str(self._data.get("status", ""))
 
     @property
+    def run(self) -> str | None:
+        """The run id of the apply that wrote this record (a crashed step's: the run that stopped inside it)."""
+        value = self._data.get("run")
+        return value if isinstance(value, str) else None
+
+    @property
     def is_done(self) -> bool:
         return self.status == DONE
 

@@ -127,6 +127,9 @@ class StepContext:
     # set False by an apply that found the system already as the spec says (a forced clone at its commit):
     # the step then reports `ok`, not `changed`
     changed: bool = True
+    # the tag every process this run of the step starts carries in its environment (steps/_support/sweep.py);
+    # "" outside an apply
+    process_tag: str = ""
 
     def resolve(self, path: str) -> Path:
         """A path relative to the pipeline file's directory (absolute paths stay as they are)."""

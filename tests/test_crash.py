@@ -30,7 +30,14 @@ from runner.state import StateStore
 
 CLONES = ("clone_a", "clone_b", "clone_c")
 LOOP_ITEMS = ("p", "q", "r")
-COUNTED = ("first", "last", *(f"loop-{i}" for i in LOOP_ITEMS))
+COUNTED = ("first", "last", "helpers", *(f"loop-{i}" for i in LOOP_ITEMS))
+# a step with helpers outside its process group: one setsid'd, one double-forked; it stops them itself when it
+# ends well, and a crash must not leave them behind (the guardian stops them)
+HELPERS = (
+    "setsid sleep 97771 & echo $! > helpers.pid; (setsid sh -c 'echo $$ >> helpers.pid; exec sleep 97772' &); "
+    "echo 1 >> helpers.count; while [ $(wc -l < helpers.pid) -lt 2 ]; do sleep 0.05; done; sleep 1; "
+    "kill $(cat helpers.pid); touch helpers.out"
+)
 
 
 @pytest.fixture(scope="module")
@@ -93,6 +100,9 @@ steps:
     needs: []
     run: {{command: "echo 1 >> first.count && sleep 0.2 && echo done > first.out", creates: [first.out]}}
 {clones}
+  - name: helpers
+    needs: []
+    run: {{command: "{HELPERS}", creates: [helpers.out]}}
   - name: deps
     needs: []
     pip: {{python: venv/bin/python, packages: [crashpkg], no_index: true, find_links: ["{world["wheels"]}"]}}
@@ -103,9 +113,24 @@ steps:
       command: "echo 1 >> loop-{{{{ item }}}}.count && sleep 0.1 && touch {{{{ item }}}}.out"
       creates: ["{{{{ item }}}}.out"]
 {box}  - name: last
-    needs: [clone_a, deps, loop]
+    needs: [clone_a, deps, loop, helpers]
     run: {{command: "echo 1 >> last.count && echo done > last.out", creates: [last.out]}}
 """
+
+
+def helpers_running(path: Path) -> list[str]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes()
+                cwd = os.readlink(f"/proc/{entry}/cwd")
+                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if cwd == str(path) and b"sleep\x00977" in argv and state != "Z":
+                found.append(argv.decode(errors="replace"))
+    return found
 
 
 def counts(path: Path) -> dict[str, int]:
@@ -163,6 +188,10 @@ def crash_case(
         os.killpg(proc.pid, signal.SIGKILL)
     code = proc.wait(timeout=300)
     killed = code == -signal.SIGKILL
+    deadline = time.monotonic() + 15
+    while helpers_running(tmp_path):  # the guardian stops what the steps running at the kill had started
+        assert time.monotonic() < deadline, f"left running after {fault or delay}: {helpers_running(tmp_path)}"
+        time.sleep(0.05)
     before = counts(tmp_path)
     done_before = done_steps(tmp_path)
 
@@ -176,6 +205,7 @@ def crash_case(
     third = project.run("apply", "--var", f"gen={gen}")
     assert third.code == 0 and "changed=0" in third.out, third.text
     check_converged(project, world, host, container, gen)
+    assert not helpers_running(tmp_path)
     return {"killed": killed, "done_before": len(done_before)}
 
 

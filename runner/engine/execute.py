@@ -15,11 +15,11 @@ from runner.errors import InputError
 from runner.events import Decision, Result, Status
 from runner.fingerprint import digest
 from runner.model import StepDecl
-from runner.record import StepRecord
+from runner.record import STARTED, StepRecord
 from runner.state import now
 from runner.template import RenderError, render_string
 from steps import kind_class
-from steps._support import faults
+from steps._support import faults, sweep
 from steps._support.retry import retrying
 from steps._support.words import is_template
 from steps.base import StepError
@@ -162,6 +162,22 @@ class Executing(Deciding):
                 extra = render_string(extra, self._context(prep.step, self._exported_before(prep.step)))
         return self.masker.mask("\n".join(h for h in (own, extra) if h))
 
+    def _stop_left_running(self, name: str, tag: str, crashed: bool = False) -> None:
+        """Stop what a failed, timed-out or interrupted run of the step left running outside its process group
+        (setsid, double forks), and say so; `crashed`: what the run that died inside the step left."""
+        if not sweep.GUARDIAN.holds(tag) and not crashed:
+            return  # it started no process
+        left = sweep.stop([tag])
+        sweep.GUARDIAN.release(tag)
+        if not left:
+            return
+        count, shown = sweep.describe(left, self.masker.mask)
+        if crashed:
+            what = f"the run that stopped inside this step had left {count} running"
+            self.reporter.notice(f"{name}: {what}; stopped them before running it again: {shown}")
+        else:
+            self.reporter.notice(f"{name}: stopped {count} it had left running: {shown}")
+
     def _execute(self, prep: Prepared, decision: Decision, started: float, log_path: Path) -> Result:
         name = prep.key
         common = prep.step.common
@@ -173,13 +189,20 @@ class Executing(Deciding):
             prep.ctx.on_output = lambda line: self.reporter.output(name, line)
         else:
             prep.ctx.on_output = lambda line: self.reporter.output_quiet(name, line)
+        previous = self.record(name)
+        if previous is not None and previous.status == STARTED and previous.run:
+            crashed_tag = sweep.step_tag(str(self.pipeline.state_dir), previous.run, name)
+            self._stop_left_running(name, crashed_tag, crashed=True)
+        tag = sweep.step_tag(str(self.pipeline.state_dir), self.run_id, name)
+        prep.ctx.process_tag = tag
         begin = now()
-        begun = StepRecord.starting(self.record(name), begin, self.run_id, os.getpid(), str(log_path))
+        begun = StepRecord.starting(previous, begin, self.run_id, os.getpid(), str(log_path))
         self.state.replace(name, begun.to_dict())
         faults.point("started")
         attempts = 0
 
         def before_retry(attempt: int, exc: BaseException | None) -> None:
+            self._stop_left_running(name, tag)
             message = exc.message if isinstance(exc, StepError) else str(exc)
             self.reporter.notice(
                 f"{name}: attempt {attempt} of {common.retries + 1} failed: "
@@ -202,6 +225,7 @@ class Executing(Deciding):
                         raise _Cancelled()
                     outputs = prep.instance.apply(prep.ctx)
         except (StepError, _Cancelled) as exc:
+            self._stop_left_running(name, tag)
             duration = time.monotonic() - started
             interrupted = self.cancel.is_set()
             message = self.masker.mask(exc.message if isinstance(exc, StepError) else "interrupted")
@@ -222,6 +246,7 @@ class Executing(Deciding):
             self.reporter.step_finished(result)
             return result
         except Exception as exc:  # a bug in a kind: record it, do not lose the run
+            self._stop_left_running(name, tag)
             duration = time.monotonic() - started
             if isinstance(exc, OSError) and exc.strerror:  # the system said no (a full disk, a permission)
                 where = f" ({exc.filename})" if exc.filename else ""
@@ -236,6 +261,7 @@ class Executing(Deciding):
             if self.options.verbose:
                 raise
             return result
+        sweep.GUARDIAN.release(tag)  # a step that ended well keeps what it left running in a session of its own
         faults.point("applied")
         duration = time.monotonic() - started
         secret_keys = prep.instance.secret_outputs()

@@ -6,12 +6,21 @@ from runner.decide import decide, to_observe
 from runner.engine.prepare import Prepared, Preparing
 from runner.events import Decision
 from runner.fingerprint import spec_changes
-from runner.record import StepRecord
+from runner.record import STARTED, StepRecord
+from steps._support import sweep
 from steps.base import Probe, StepError
 
 
 class Deciding(Preparing):
     """Looks at what runner.decide asks for (changes, live work, the probe) and decides."""
+
+    def _left_running(self, key: str, record: StepRecord) -> list[sweep.Leftover]:
+        """What the run that stopped inside this step (a crash: its record says `started`) left running."""
+        run = record.run
+        if run is None:
+            return []
+        tag = sweep.step_tag(str(self.pipeline.state_dir), run, key)
+        return [sweep.Leftover(pid, sweep.command_of(pid)) for pid, _ in sweep.find([tag])]
 
     def decide(self, prep: Prepared, crashed_ok: bool) -> Decision:
         """Look at what runner.decide asks for (the record always; the changes or the probe), then decide."""
@@ -39,6 +48,15 @@ class Deciding(Preparing):
             live=live,
             probe=probe,
         )
+        if record is not None and record.status == STARTED and crashed_ok and decision.action == "run":
+            left = self._left_running(prep.key, record)
+            if left:
+                count, shown = sweep.describe(left, self.masker.mask)
+                decision = Decision(
+                    decision.name,
+                    decision.action,
+                    f"{decision.reason}; {count} it started still running, stopped before it runs again: {shown}",
+                )
         step = prep.step.name
         if decision.action == "pending":
             self.holding[step] = (

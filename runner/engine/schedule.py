@@ -17,6 +17,7 @@ from runner.engine.base import Interrupted
 from runner.engine.execute import Executing
 from runner.events import Result
 from runner.state import check_writable, pipeline_lock
+from steps._support import sweep
 
 RUN_ID = re.compile(r"\d{8}-\d{6}-\d+")  # as EngineBase makes them: 20261203-234843-5193
 KEPT_RUNS = 20
@@ -37,6 +38,7 @@ class Scheduling(Executing):
                 with _signals_raise():
                     return self._schedule(log_dir)
             finally:
+                sweep.GUARDIAN.close()
                 self.state.compact()  # state.json alone holds the whole state once apply ends
 
     def _prune_logs(self) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from steps._support import sweep
 from steps.base import StepContext, StepError
 
 TAIL_LINES = 20
@@ -104,13 +105,20 @@ def run_process(
     "Receiving objects: 45%"): it goes to ``on_transient`` only, not to the log, the tail or the output.
 
     The child gets its own session (process group), so a timeout or an interrupt stops it and everything it
-    started. Raises StepError when the program cannot be started, or on timeout or cancellation.
+    started. What it starts carries the step's tag (`ctx.process_tag`), so what leaves the group is found too:
+    stopped here on a timeout or a cancel, by the engine when the step fails, by the guardian if runner dies.
+    Raises StepError when the program cannot be started, or on timeout or cancellation.
     """
+    child_env = dict(env) if env is not None else None
+    if ctx.process_tag:
+        child_env = dict(os.environ) if child_env is None else child_env
+        child_env[sweep.VARIABLE] = ctx.process_tag
+        sweep.GUARDIAN.hold(ctx.process_tag)
     try:
         proc = subprocess.Popen(
             list(argv),
             cwd=cwd,
-            env=dict(env) if env is not None else None,
+            env=child_env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -186,6 +194,11 @@ def run_process(
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        if reason and ctx.process_tag:  # what left the group (setsid, a double fork) goes too
+            left = sweep.stop([ctx.process_tag], grace)
+            if left:
+                count, shown = sweep.describe(left, ctx.mask)
+                ctx.notice(f"{ctx.name}: stopped {count} it had left running: {shown}")
         reader.join(timeout=5)
         if log is not None:
             with contextlib.suppress(OSError):
