@@ -115,6 +115,7 @@ class StepContext:
     record_outputs: Mapping[str, Any] = field(default_factory=dict)  # outputs of the last successful run
     on_output: Callable[[str], None] = lambda line: None
     cancel: threading.Event = field(default_factory=threading.Event)
+    hurry: threading.Event = field(default_factory=threading.Event)  # set by a second Ctrl-C: no more grace
     mask: Callable[[str], str] = lambda text: text  # hides secret values in anything written out
     fingerprint: str = ""  # the fingerprint this run records, for kinds that tag what they create with it
     stored_secrets: Mapping[str, str] = field(default_factory=dict)  # this step's secret outputs, kept last time

@@ -149,10 +149,33 @@ def test_a_step_that_ends_well_keeps_its_daemon(project: Project, no_sleeps_left
         name: daemon
         steps:
           - name: start_daemon
-            run: "setsid sleep 7791 > /dev/null 2>&1 < /dev/null &"
+            run: "setsid sleep 7791 > /dev/null 2>&1 < /dev/null & sleep 0.2"
         """
     )
     done = project.run("apply")
     assert done.code == 0, done.text
     time.sleep(0.5)  # the guardian has seen the end of its pipe by now
     assert list(sleeps_in(project.path).values()) == ["sleep 7791"]
+
+
+def test_three_ctrl_c_stop_a_stubborn_step_and_record_it(project: Project, no_sleeps_left: None) -> None:
+    """Signals during the stop take the grace away; apply still waits until the step is stopped and recorded
+    (it used to exit 130 with the process alive and the record `started`)."""
+    project.write(
+        """
+        name: stubborn
+        steps:
+          - name: stubborn
+            run: "trap '' TERM INT; sleep 7801; :"
+        """
+    )
+    proc = project.popen("apply")
+    wait_for(lambda: len(sleeps_in(project.path)) == 1, what="the step")
+    for _ in range(3):
+        os.kill(proc.pid, signal.SIGINT)
+        time.sleep(0.25)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, out + err
+    assert not sleeps_in(project.path)
+    status = project.run("status")
+    assert "interrupted" in status.out and "started" not in status.out.split("\n", 1)[1], status.text

@@ -60,6 +60,7 @@ class EngineBase:
         # them and would run is blocked (observe.Deciding.decide)
         self.holding: dict[str, str] = {}
         self.cancel = threading.Event()
+        self.hurry = threading.Event()  # a second signal: what still runs gets SIGKILL, no grace
         self.run_id = time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
         self.graph = pipeline.graph
         self._check_names()

@@ -187,6 +187,7 @@ class Preparing(EngineBase):
             log_path=log_path,
             record_outputs=(self.record(record_name) or StepRecord({})).outputs,
             cancel=self.cancel,
+            hurry=self.hurry,
             mask=self.masker.mask,
             stored_secrets=self.secrets.get(record_name),
             notice=self.reporter.notice,

@@ -10,6 +10,7 @@ import signal
 import threading
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 from types import FrameType
 
@@ -35,7 +36,7 @@ class Scheduling(Executing):
             log_dir = self.pipeline.state_dir / "logs" / self.run_id
             self._prune_logs()
             try:
-                with _signals_raise():
+                with _signals_raise(self.hurry):
                     return self._schedule(log_dir)
             finally:
                 sweep.GUARDIAN.close()
@@ -100,11 +101,21 @@ class Scheduling(Executing):
                         stop = True
         except Interrupted:
             self.cancel.set()
+            # the steps running now stop (their groups get the stop signal, then SIGKILL after the grace) and are
+            # recorded `interrupted` before apply returns; a second signal only takes the grace away
+            said = False
             for fut, name in list(running.items()):
-                try:
-                    result = fut.result()
-                except Exception as exc:  # noqa: BLE001 - reported, not raised
-                    result = Result(name, "interrupted", error=str(exc))
+                while True:
+                    if self.hurry.is_set() and not said:
+                        said = True
+                        self.reporter.notice("stopping now: what still runs gets SIGKILL")
+                    try:
+                        result = fut.result(timeout=0.1)
+                    except FuturesTimeout:
+                        continue
+                    except Exception as exc:  # noqa: BLE001 - reported, not raised
+                        result = Result(name, "interrupted", error=str(exc))
+                    break
                 results[name] = result
             raise
         finally:
@@ -117,13 +128,21 @@ class Scheduling(Executing):
 
 
 @contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """SIGINT and SIGTERM become Interrupted in the main thread, so running steps are stopped cleanly."""
+def _signals_raise(hurry: threading.Event) -> Iterator[None]:
+    """The first SIGINT or SIGTERM becomes Interrupted in the main thread, so running steps are stopped cleanly
+    and recorded; another one while they stop sets `hurry` (no more grace) and is never raised: apply does not
+    leave before what it started is stopped and recorded."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    raised = False
 
     def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal raised
+        if raised:
+            hurry.set()
+            return
+        raised = True
         raise Interrupted(signum)
 
     old_int = signal.signal(signal.SIGINT, handler)

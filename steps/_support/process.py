@@ -30,14 +30,16 @@ class Completed:
     tail: list[str]
 
 
-def _kill_group(proc: subprocess.Popen[bytes], grace: float = 3.0, sig: int = signal.SIGTERM) -> None:
+def _kill_group(
+    proc: subprocess.Popen[bytes], grace: float = 3.0, sig: int = signal.SIGTERM, hurry: threading.Event | None = None
+) -> None:
     try:
         os.killpg(proc.pid, sig)
     except ProcessLookupError:
         return
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline:
-        if proc.poll() is not None:
+        if proc.poll() is not None or (hurry is not None and hurry.is_set()):
             break
         time.sleep(0.05)
     try:
@@ -187,7 +189,7 @@ def run_process(
                 pass
     finally:
         if proc.poll() is None:
-            _kill_group(proc, grace, stop_signal)
+            _kill_group(proc, grace, stop_signal, ctx.hurry)
         else:
             # The leader exited; stop anything it left running in its group.
             try:
@@ -195,7 +197,8 @@ def run_process(
             except (ProcessLookupError, PermissionError):
                 pass
         if reason and ctx.process_tag:  # what left the group (setsid, a double fork) goes too
-            left = sweep.stop([ctx.process_tag], grace)
+            left = sweep.stop([ctx.process_tag], 0.0 if ctx.hurry.is_set() else grace)
+            left = [p for p in left if p.pgid != proc.pid]  # the group's own members were stopped with it
             if left:
                 count, shown = sweep.describe(left, ctx.mask)
                 ctx.notice(f"{ctx.name}: stopped {count} it had left running: {shown}")

@@ -40,6 +40,7 @@ def step_tag(state_dir: str, run_id: str, name: str) -> str:
 class Leftover:
     pid: int
     command: str
+    pgid: int = 0
 
 
 def _tag_of(pid: int) -> str | None:
@@ -140,7 +141,8 @@ def stop(tags: Iterable[str], grace: float = 2.0, limit: float = 10.0) -> list[L
             break
         for pid, _tag in live:
             if pid not in seen:
-                seen[pid] = Leftover(pid, command_of(pid))
+                with contextlib.suppress(OSError):
+                    seen[pid] = Leftover(pid, command_of(pid), os.getpgid(pid))
             if pid not in termed:
                 _signal(pid, signal.SIGTERM, wanted)
                 termed.add(pid)
