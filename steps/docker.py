@@ -33,7 +33,16 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator
 
 from steps._support import faults
-from steps._support.docker_engine import api_error_text, connect, engine_address, engine_hostname, sdk
+from steps._support.docker_engine import (
+    answers,
+    api_error_text,
+    connect,
+    engine_address,
+    engine_gone,
+    engine_hostname,
+    lost_connection,
+    sdk,
+)
 from steps._support.readiness import Readiness, wait_ready
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
@@ -337,6 +346,11 @@ class DockerStep(StepKind[DockerSpec]):
             }
         except docker.errors.APIError as exc:
             raise StepError(f"Docker Engine at {address}: {api_error_text(exc)}") from None
+        except Exception as exc:
+            lost = lost_connection(exc)
+            if lost is None:
+                raise
+            raise engine_gone(address, lost) from None
         finally:
             client.close()
 
@@ -485,6 +499,8 @@ class DockerStep(StepKind[DockerSpec]):
             if container.status in ("running", "created", "restarting"):
                 return None
             code = container.attrs.get("State", {}).get("ExitCode")
+            if code in (137, 143) and not answers(container.client):  # killed: by its engine going down?
+                raise engine_gone(address, f"it stopped the container, exit code {code}, then stopped answering")
             raise StepError(
                 f"container {spec.name} exited at start (exit code {code}) on {address}",
                 hint=f"`docker logs {spec.name}` has its full output; fix its command, env or image",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -134,3 +135,48 @@ def api_error_text(exc: BaseException) -> str:
     if explanation:
         return str(explanation.decode() if isinstance(explanation, bytes) else explanation)
     return str(exc)
+
+
+ENGINE_GONE_HINT = (
+    "check that the engine runs (`docker info`; `systemctl status docker` where systemd runs it) and start it "
+    "again; nothing of this step is recorded as done, so the next apply checks the container afresh"
+)
+
+
+def engine_gone(address: str, detail: str) -> StepError:
+    """The error for an engine that stopped answering while a step talked to it."""
+    return StepError(f"the Docker Engine at {address} went away during the step ({detail})", hint=ENGINE_GONE_HINT)
+
+
+def lost_connection(exc: BaseException) -> str | None:
+    """Why the engine cannot be reached, when `exc` says the connection is lost (refused, reset, the socket gone,
+    a read timed out), in a few words; None for any other error (the engine answered)."""
+    import requests
+
+    if isinstance(exc, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
+        cause: BaseException | None = exc
+        while cause is not None:  # the OSError at the bottom says it best
+            if isinstance(cause, OSError) and cause.strerror:
+                return cause.strerror.lower()
+            nested = cause.args[0] if cause.args and isinstance(cause.args[0], BaseException) else None
+            cause = cause.__cause__ or cause.__context__ or nested
+        text = str(exc)
+        for words in ("Connection refused", "Connection aborted", "Connection reset", "timed out"):
+            if words.lower() in text.lower():
+                return words.lower()
+        return "the connection was lost"
+    return None
+
+
+def answers(client: Any, within: float = 3.0) -> bool:
+    """Does the engine still answer a ping, within `within` seconds? (A stopping engine stops its containers
+    first, then closes its API: a container killed at the step's start is asked about once more.)"""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            client.ping()
+        except Exception:  # noqa: BLE001 - any failure means it does not answer
+            return False
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.25)
