@@ -1,5 +1,5 @@
 """The Docker Engine going away in the middle of an apply (issue 15, item 3): a private dockerd of the test's own
-(its own data root, socket, no bridge, no iptables), stopped — gracefully or by SIGKILL — while a docker step
+(its own data root, socket and network namespace, no bridge, no iptables), stopped — gracefully or by SIGKILL — while a docker step
 waits for its container to be ready. The step fails with an error that names the engine, nothing is recorded
 done that is not, and once the engine is back the next apply converges."""
 
@@ -28,6 +28,7 @@ class Engine:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [
+                "unshare", "-n",  # a network namespace of its own: with --bridge=none, dockerd deletes docker0
                 "dockerd",
                 "--data-root",
                 str(self.root / "data"),
@@ -66,6 +67,7 @@ def engine(docker_host: str) -> Iterator[Engine]:
     """A private engine (docker_host first: it installs dockerd under CI)."""
     if shutil.which("dockerd") is None:
         pytest.skip("no dockerd")
+    interfaces = set(os.listdir("/sys/class/net"))
     root = Path(f"/tmp/rdv-{os.getpid()}")  # short: containerd's socket path has a length limit
     root.mkdir(exist_ok=True)
     engine = Engine(root)
@@ -85,6 +87,8 @@ def engine(docker_host: str) -> Iterator[Engine]:
     if engine.proc is not None:
         engine.stop(signal.SIGTERM)
     shutil.rmtree(root, ignore_errors=True)
+    gone = interfaces - set(os.listdir("/sys/class/net"))
+    assert not gone, f"the private engine took the host's {gone} (the other tests' engine needs docker0)"
 
 
 def _container_running(address: str, name: str) -> bool:
