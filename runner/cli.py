@@ -135,6 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         if as_json:  # the event stream says it too, so a consumer of stdout alone sees why it ended
             print(json.dumps({"event": "error", "time": round(time.time(), 3), "message": message}), flush=True)
 
+    from runner.ui import install_printable
+
+    install_printable(args.command)
     try:
         _merge_pipeline_options(args)
         return dispatch(args)

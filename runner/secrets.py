@@ -104,6 +104,27 @@ class Masker:
     def __bool__(self) -> bool:
         return bool(self._values)
 
+    def safe_cut(self, text: str, at: int) -> int:
+        """Where `text` may be cut, at `at` or before, so that no secret (nor a URL's credentials) is split
+        between the parts: output with no end of line is masked and passed on in parts."""
+        for _ in range(8):  # a cut moved left may land in another secret: look again
+            moved = at
+            for value in self._values:
+                start = text.find(value, max(0, at - len(value) + 1), at + len(value) - 1)
+                if 0 <= start < at < start + len(value):
+                    moved = min(moved, start)
+            scheme = text.rfind("://", max(0, at - 2048), at)
+            if (
+                scheme >= 0
+                and not any(c.isspace() or c == "@" for c in text[scheme:at])
+                and "@" in text[at : at + 2048]
+            ):
+                moved = min(moved, max(0, scheme - 32))
+            if moved == at:
+                return at
+            at = moved
+        return at
+
     def mask(self, text: str) -> str:
         for value in self._values:
             if value in text:

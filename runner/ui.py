@@ -14,6 +14,8 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
+from steps._support.words import printable
+
 if TYPE_CHECKING:
     from runner.events import Decision, Result
 
@@ -40,6 +42,35 @@ def fmt_duration(seconds: float) -> str:
     return f"{hours}h{minutes:02d}m"
 
 
+class PrintableStream:
+    """A text stream whose writes have their control characters made visible (words.printable): what runner
+    prints for people — an error quoting a step's output, a status line with a hostile item key — never carries
+    a raw escape sequence. `raw` is the stream itself, for rich's own colour and cursor codes."""
+
+    def __init__(self, raw: TextIO) -> None:
+        self.raw = raw
+
+    def write(self, text: str) -> int:
+        return self.raw.write(printable(text))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+
+def install_printable(command: str | None) -> None:
+    """stderr always; stdout too, except where it carries data (`env` for eval, `schema`, and `logs` into a
+    pipe or a file, which keeps the step's bytes)."""
+    if not isinstance(sys.stderr, PrintableStream):
+        sys.stderr = PrintableStream(sys.stderr)
+    data = command in ("env", "schema") or (command == "logs" and not sys.stdout.isatty())
+    if not data and not isinstance(sys.stdout, PrintableStream):
+        sys.stdout = PrintableStream(sys.stdout)
+
+
+def raw_stream(stream: TextIO) -> TextIO:
+    return stream.raw if isinstance(stream, PrintableStream) else stream
+
+
 class Reporter:
     """Plain text, one line per event: for pipes, CI and terminals alike."""
 
@@ -50,6 +81,7 @@ class Reporter:
         self._lock = threading.Lock()
 
     def _print(self, text: str, stream: TextIO | None = None) -> None:
+        text = printable(text)  # escape sequences from a step's output or a name never reach a terminal raw
         with self._lock:
             target = stream or self.out
             print(text, file=target, flush=True)
@@ -219,7 +251,7 @@ class LiveReporter(Reporter):
         super().__init__(width=width)
         from rich.console import Console
 
-        self.console = console or Console(highlight=False)
+        self.console = console or Console(highlight=False, file=raw_stream(sys.stdout))
         self._running: dict[str, dict[str, Any]] = {}
         self._live: Any = None
         # Three locks, never nested: printing (the base's), the rows (read by the live view's own refresh
@@ -275,6 +307,7 @@ class LiveReporter(Reporter):
             self._live.start()
 
     def _print(self, text: str, stream: TextIO | None = None) -> None:
+        text = printable(text)
         with self._lock:
             style = None
             if text.startswith("FAILED") or text.startswith("    error:"):
@@ -304,7 +337,7 @@ class LiveReporter(Reporter):
         with self._rows:
             row = self._running.get(name)
             if row is not None and line.strip():
-                row["line"] = line
+                row["line"] = printable(line)
 
     def progress(self, name: str, done: int, total: int | None, unit: str) -> None:
         from rich.spinner import Spinner

@@ -117,6 +117,8 @@ class StepContext:
     cancel: threading.Event = field(default_factory=threading.Event)
     hurry: threading.Event = field(default_factory=threading.Event)  # set by a second Ctrl-C: no more grace
     mask: Callable[[str], str] = lambda text: text  # hides secret values in anything written out
+    # where a text may be cut (at or before an index) without splitting a secret: for output with no end of line
+    mask_cut: Callable[[str, int], int] = lambda text, at: at
     fingerprint: str = ""  # the fingerprint this run records, for kinds that tag what they create with it
     stored_secrets: Mapping[str, str] = field(default_factory=dict)  # this step's secret outputs, kept last time
     notice: Callable[[str], None] = lambda message: None  # a one-line message to the user

@@ -1,7 +1,7 @@
 """The Docker Engine going away in the middle of an apply (issue 15, item 3): a private dockerd of the test's own
-(its own data root, socket and network namespace, no bridge, no iptables), stopped — gracefully or by SIGKILL — while a docker step
-waits for its container to be ready. The step fails with an error that names the engine, nothing is recorded
-done that is not, and once the engine is back the next apply converges."""
+(its own data root, socket and network namespace, no bridge, no iptables), stopped — gracefully or by SIGKILL —
+while a docker step waits for its container to be ready. The step fails with an error that names the engine,
+nothing is recorded done that is not, and once the engine is back the next apply converges."""
 
 from __future__ import annotations
 
@@ -28,7 +28,8 @@ class Engine:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [
-                "unshare", "-n",  # a network namespace of its own: with --bridge=none, dockerd deletes docker0
+                "unshare",
+                "-n",  # a network namespace of its own: with --bridge=none, dockerd deletes docker0
                 "dockerd",
                 "--data-root",
                 str(self.root / "data"),

@@ -189,6 +189,7 @@ class Preparing(EngineBase):
             cancel=self.cancel,
             hurry=self.hurry,
             mask=self.masker.mask,
+            mask_cut=self.masker.safe_cut,
             stored_secrets=self.secrets.get(record_name),
             notice=self.reporter.notice,
             digest=self.secrets.keyed_digest,

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -70,27 +70,6 @@ def _prctl() -> Any:
         return None
 
 
-def _lines(stream: Any) -> Iterator[bytes]:
-    """Lines as they arrive, each with its end: `\n`, or `\r` alone for a progress update."""
-    pending = b""
-    for chunk in iter(lambda: stream.read1(65536), b""):
-        pending += chunk
-        start = 0
-        for i, byte in enumerate(pending):
-            if byte == 10:  # \n
-                yield pending[start : i + 1]
-                start = i + 1
-            elif byte == 13 and i + 1 < len(pending) and pending[i + 1] != 10:  # \r not followed by \n
-                yield pending[start : i + 1]
-                start = i + 1
-        pending = pending[start:]
-        if len(pending) > 1 << 20:  # a megabyte without an end of line: pass it on as it is
-            yield pending + b"\n"
-            pending = b""
-    if pending:
-        yield pending if pending.endswith(b"\n") else pending + b"\n"
-
-
 def run_process(
     argv: Sequence[str],
     ctx: StepContext,
@@ -137,39 +116,19 @@ def run_process(
     except PermissionError:
         raise StepError(f"permission denied running: {argv[0]}") from None
 
-    tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
-    captured: list[str] = []
-    captured_size = 0
-    log_error: list[str] = []
     try:
         log = _open_log(ctx.log_path) if ctx.log_path else None
     except OSError as exc:
-        log, log_error = None, [exc.strerror or str(exc)]
+        log, log_error = None, exc.strerror or str(exc)
+    else:
+        log_error = ""
+    output = _Output(ctx, log, on_transient)
+    if log_error:
+        output.log_error = log_error
 
     def read() -> None:
-        nonlocal captured_size, log
         assert proc.stdout is not None
-        for raw in _lines(proc.stdout):
-            if raw.endswith(b"\r"):
-                if on_transient is not None:
-                    on_transient(ctx.mask(raw.decode("utf-8", errors="replace")).strip())
-                continue
-            line = ctx.mask(raw.decode("utf-8", errors="replace"))
-            if log is not None:
-                try:
-                    log.write(line)
-                    log.flush()
-                except OSError as exc:  # a full disk: the output still reaches the tail and the terminal
-                    log_error.append(exc.strerror or str(exc))
-                    with contextlib.suppress(OSError):
-                        log.close()
-                    log = None
-            stripped = line.rstrip("\n")
-            tail.append(stripped)
-            if captured_size < STDOUT_LIMIT:
-                captured.append(line)
-                captured_size += len(line)
-            ctx.on_output(stripped)
+        output.pump(proc.stdout)
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
@@ -203,20 +162,129 @@ def run_process(
                 count, shown = sweep.describe(left, ctx.mask)
                 ctx.notice(f"{ctx.name}: stopped {count} it had left running: {shown}")
         reader.join(timeout=5)
-        if log is not None:
-            with contextlib.suppress(OSError):
-                log.close()
-        if log_error:
-            ctx.notice(f"{ctx.name}: its log {ctx.log_path} could not be written ({log_error[0]})")
+        output.close()
+        if output.log_error:
+            ctx.notice(f"{ctx.name}: its log {ctx.log_path} could not be written ({output.log_error})")
+    tail = list(output.tail)
     if reason:
         raise StepError(f"command {reason}", output_tail="\n".join(tail))
-    return Completed(proc.returncode, "".join(captured), list(tail))
+    return Completed(proc.returncode, "".join(output.captured), tail)
 
 
-def _open_log(path: Path) -> Any:
+def _open_log(path: Path) -> int:
     """A step log, appended to, never through a symbolic link (O_NOFOLLOW), 0600 as the rest of .runner/."""
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except OSError as exc:
         raise StepError(f"cannot open the step log {path}: {exc.strerror}") from None
-    return os.fdopen(fd, "a", encoding="utf-8", errors="replace")
+
+
+CHUNK = 1 << 16
+LONG_LINE = 1 << 20  # output with no end of line is passed on in parts of about this size
+SHOWN = 2000  # characters of a line shown on the terminal and in an error's tail; the log has all
+
+
+class _Output:
+    """A child's output, read in chunks: every byte to the log (secrets masked, invalid UTF-8 and escape
+    sequences kept as they came), lines to the tail, the captured stdout and `on_output` (cut to SHOWN
+    characters; the reporters make control characters visible), a carriage-return progress update to
+    `on_transient` only. Memory stays bounded whatever comes: a line with no end is passed on in parts."""
+
+    def __init__(self, ctx: StepContext, log: int | None, on_transient: Callable[[str], None] | None) -> None:
+        self.ctx = ctx
+        self.log = log
+        self.log_error = ""
+        self.on_transient = on_transient
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.captured: list[str] = []
+        self.captured_size = 0
+        self.partial = ""  # the start of a line longer than LONG_LINE, as shown (its rest is not shown again)
+        self.long = 0  # characters of that line so far
+
+    def pump(self, stream: Any) -> None:
+        pending = b""
+        for chunk in iter(lambda: stream.read1(CHUNK), b""):
+            pending = pending + chunk if pending else chunk
+            cut = _line_boundary(pending)
+            if cut:
+                self._block(pending[:cut])
+                pending = pending[cut:]
+            elif len(pending) > LONG_LINE:
+                text = pending.decode("utf-8", "surrogateescape")
+                at = self.ctx.mask_cut(text, len(text) - CHUNK)
+                if at <= 0:
+                    continue
+                head = text[:at].encode("utf-8", "surrogateescape")
+                self._block(head, ended=False)
+                pending = pending[len(head) :]
+        if pending:
+            self._block(pending)
+
+    def _block(self, raw: bytes, ended: bool = True) -> None:
+        masked = self.ctx.mask(raw.decode("utf-8", "surrogateescape"))
+        data = masked.encode("utf-8", "surrogateescape")
+        self._write(data)
+        shown = masked if masked.isascii() else data.decode("utf-8", "replace")
+        pieces = shown.split("\n")
+        last = pieces.pop()  # after the block's last end of line: "" or a line not yet ended
+        for piece in pieces:
+            self._line(piece[:-1] if piece.endswith("\r") else piece, True)
+        if last:
+            self._line(last, ended)
+
+    def _line(self, piece: str, ended: bool) -> None:
+        if "\r" in piece:  # progress updates overwritten by what follows the carriage return
+            updates = piece.split("\r")
+            piece = updates.pop()
+            if self.on_transient is not None and updates[-1].strip():
+                self.on_transient(updates[-1][:SHOWN].strip())
+            if not piece:  # nothing after the last update (yet)
+                return
+        if self.long or not ended:  # a part of a long line: shown once, at its start
+            first = not self.long
+            self.long += len(piece)
+            if first:
+                self.partial = piece[:SHOWN]
+                self._show(f"{self.partial} ... (a line longer than {LONG_LINE // 1024} KiB: the log has it whole)")
+            self._capture(piece + ("\n" if ended else ""))
+            if ended:
+                self.long = 0
+            return
+        self._capture(piece + "\n")
+        self._show(piece if len(piece) <= SHOWN else f"{piece[:SHOWN]} ... ({len(piece)} characters: the log has all)")
+
+    def _show(self, line: str) -> None:
+        self.tail.append(line)
+        self.ctx.on_output(line)
+
+    def _capture(self, text: str) -> None:
+        if self.captured_size < STDOUT_LIMIT:
+            text = text[: STDOUT_LIMIT - self.captured_size]
+            self.captured.append(text)
+            self.captured_size += len(text)
+
+    def _write(self, data: bytes) -> None:
+        if self.log is None:
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                written = os.write(self.log, view)
+                view = view[written:]
+        except OSError as exc:  # a full disk: the output still reaches the tail and the terminal
+            self.log_error = exc.strerror or str(exc)
+            self.close()
+
+    def close(self) -> None:
+        if self.log is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.log)
+            self.log = None
+
+
+def _line_boundary(data: bytes) -> int:
+    """The length of the complete lines at the start of `data`: up to its last `\n`, or its last `\r` that is
+    not the final byte (a final `\r` may be the first half of a `\r\n`)."""
+    newline = data.rfind(b"\n")
+    ret = data.rfind(b"\r", 0, len(data) - 1)
+    return max(newline, ret) + 1

@@ -19,3 +19,16 @@ def is_template(value: Any) -> bool:
 def argv_of(command: str | list[str]) -> list[str]:
     """A command as the kinds run it: a string runs under ``sh -c``, a list is the argv itself."""
     return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+
+
+# Control characters a terminal would act on (ESC starts colour, cursor and title sequences; C1 0x9b is a CSI
+# by itself on some terminals; BEL, backspace, a lone carriage return): shown as `\xNN` instead.
+_CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0))}
+
+
+def printable(text: str) -> str:
+    """Text safe to print on a terminal: newlines and tabs stay, every other control character (escape
+    sequences from a step's output or a hostile name) is shown as `\\xNN`."""
+    if text.isprintable():
+        return text
+    return text.translate(_CONTROLS)
