@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -71,6 +72,15 @@ def raw_stream(stream: TextIO) -> TextIO:
     return stream.raw if isinstance(stream, PrintableStream) else stream
 
 
+def _reader_left(stream: Any) -> None:
+    """The reader of `stream` went away (`runner apply | head -2`): what follows is dropped quietly, and the
+    run goes on — a step's output is still drained and logged, so its job never blocks on a full pipe."""
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, raw_stream(stream).fileno())
+        os.close(devnull)
+
+
 class Reporter:
     """Plain text, one line per event: for pipes, CI and terminals alike."""
 
@@ -84,7 +94,10 @@ class Reporter:
         text = printable(text)  # escape sequences from a step's output or a name never reach a terminal raw
         with self._lock:
             target = stream or self.out
-            print(text, file=target, flush=True)
+            try:
+                print(text, file=target, flush=True)
+            except BrokenPipeError:
+                _reader_left(target)
 
     def notice(self, message: str) -> None:
         self._print(message, self.err)
@@ -316,7 +329,10 @@ class LiveReporter(Reporter):
                 style = "yellow"
             elif text.startswith("ok"):
                 style = "green"
-            self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+            try:
+                self.console.print(text, style=style, markup=False, highlight=False, soft_wrap=True)
+            except BrokenPipeError:
+                _reader_left(self.console.file)
 
     def notice(self, message: str) -> None:
         self._print(message)

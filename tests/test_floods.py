@@ -117,3 +117,36 @@ def test_a_flood_of_lines_is_logged_whole_in_bounded_memory(project: Project) ->
     log = _log(project)
     assert len(log) == size and log[: len(line) * 3] == line * 3
     assert rss < 150, f"runner's peak RSS was {rss:.0f} MiB for {size // 1_000_000} MB of output"
+
+
+def test_a_reader_that_leaves_ends_output_quietly_and_the_run_goes_on(project: Project) -> None:
+    """`runner apply -v | head -2` (issue 19, item 5): no BrokenPipeError traceback from the reader thread, no
+    child blocked on a full pipe; the steps finish, are recorded, and apply exits as it would have."""
+    project.write(
+        """
+        name: pipe
+        steps:
+          - name: chatty
+            run: "seq 300000; echo done > chatty.out"
+          - name: train
+            launch: {command: [sh, -c, "seq 200000; echo trained > train.out"]}
+        """
+    )
+    proc = subprocess.Popen(
+        project.argv("apply", "-v"), cwd=project.path, env=project.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = [proc.stdout.readline() for _ in range(2)]
+    proc.stdout.close()  # as `head -2` does
+    proc.stdout = None
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("apply hung once its reader left") from None
+    code = proc.returncode
+    assert first[0].startswith(b"running"), first
+    assert code == 0, err
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err
+    assert (project.path / "chatty.out").exists() and (project.path / "train.out").exists()
+    assert "changed=0" in project.run("apply").out

@@ -255,7 +255,10 @@ class _Output:
 
     def _show(self, line: str) -> None:
         self.tail.append(line)
-        self.ctx.on_output(line)
+        try:
+            self.ctx.on_output(line)
+        except Exception:  # noqa: BLE001 - whatever befalls the display, the output is drained and logged
+            self.ctx.on_output = lambda line: None
 
     def _capture(self, text: str) -> None:
         if self.captured_size < STDOUT_LIMIT:
