@@ -100,7 +100,7 @@ class AssertStep(StepKind[AssertSpec]):
     def _failures(self, ctx: StepContext, run_commands: bool) -> list[str]:
         spec = self.spec
         failures: list[str] = []
-        if spec.path is not None and not expand(ctx.resolve(spec.path)):
+        if spec.path is not None and not expand(ctx.resolve(spec.path), ctx):
             failures.append(f"{spec.path} does not exist")
         if spec.kernel is not None:
             release = platform.release()

@@ -90,11 +90,12 @@ def env_mapping(value: Any) -> Any:
 class StepError(Exception):
     """A step failed. ``message`` says what happened, ``hint`` what to do about it."""
 
-    def __init__(self, message: str, hint: str = "", output_tail: str = "") -> None:
+    def __init__(self, message: str, hint: str = "", output_tail: str = "", field: str = "") -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
         self.output_tail = output_tail
+        self.field = field  # a field of the spec that is wrong as written: the engine reports bad input there
 
 
 def _no_digest() -> str:

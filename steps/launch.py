@@ -146,7 +146,7 @@ class LaunchStep(StepKind[LaunchSpec]):
 
     def _missing_output(self, ctx: StepContext) -> str | None:
         for pattern in self.spec.creates:
-            if not expand(ctx.resolve(pattern)):
+            if not expand(ctx.resolve(pattern), ctx):
                 return pattern
         return None
 

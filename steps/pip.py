@@ -277,7 +277,7 @@ class PipStep(StepKind[PipSpec]):
         except StepError:
             read = []
         files += [p for p in read if p not in files]
-        return {"files": content_digest(files)} if files else {}
+        return {"files": content_digest(files, ctx)} if files else {}
 
     # ---- checking ---------------------------------------------------------------------------------------
 

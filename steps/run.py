@@ -70,16 +70,16 @@ class RunStep(StepKind[RunSpec]):
 
     def probe(self, ctx: StepContext) -> Probe:
         for pattern in self.spec.creates:
-            if not expand(ctx.resolve(pattern)):
+            if not expand(ctx.resolve(pattern), ctx):
                 return Probe.missing(f"{pattern} does not exist")
         return Probe.ok()
 
     def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
         if not self.spec.inputs:
             return {}
-        found = {p: [str(x) for x in expand(ctx.resolve(p))] for p in self.spec.inputs}
+        found = {p: [str(x) for x in expand(ctx.resolve(p), ctx)] for p in self.spec.inputs}
         paths = [ctx.resolve(x) for matches in found.values() for x in matches]
-        return {"inputs": found, "input_digests": content_digest(paths)}
+        return {"inputs": found, "input_digests": content_digest(paths, ctx)}
 
     def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
         if not purge:
@@ -106,7 +106,7 @@ class RunStep(StepKind[RunSpec]):
                 output_tail="\n".join(result.tail),
             )
         for pattern in spec.creates:
-            if not expand(ctx.resolve(pattern)):
+            if not expand(ctx.resolve(pattern), ctx):
                 raise StepError(
                     f"the command succeeded but did not create {pattern}",
                     hint="fix the command or the `creates` path",

@@ -46,6 +46,8 @@ class Executing(Deciding):
             prep = self.prepare(step, log_path)
         except InputError as exc:
             return self._report(Result(name, "failed", error=str(exc), input_error=True))
+        except StepError as exc:  # looking at it failed (its inputs' hashing interrupted or timed out)
+            return self._report(self._not_looked_at(name, exc, started))
         if prep is None:
             return self._skipped(step)
         decision = self.decide(prep, crashed_ok=True)
@@ -59,6 +61,12 @@ class Executing(Deciding):
             self.reporter.step_finished(result)
             return result
         return self._execute(prep, decision, started, log_path)
+
+    def _not_looked_at(self, name: str, exc: StepError, started: float, prefix: str = "") -> Result:
+        interrupted = self.cancel.is_set()
+        status: Status = "interrupted" if interrupted else "failed"
+        message = "interrupted" if interrupted else prefix + self.masker.mask(exc.message)
+        return Result(name, status, "", time.monotonic() - started, error=message, hint=self.masker.mask(exc.hint))
 
     def _report(self, result: Result) -> Result:
         self.reporter.step_finished(result)
@@ -92,6 +100,8 @@ class Executing(Deciding):
                 prep = self.prepare(step, log_path, item)
             except InputError as exc:
                 return self._report(Result(name, "failed", error=f"item {item.key}: {exc}", input_error=True))
+            except StepError as exc:
+                return self._report(self._not_looked_at(name, exc, started, f"item {item.key}: "))
             assert prep is not None
             decision = self.decide(prep, crashed_ok=True)
             if decision.action == "block":

@@ -9,6 +9,7 @@ from runner.errors import InputError
 from runner.events import Action, Decision
 from runner.model import StepDecl
 from runner.state import lock_holder
+from steps.base import StepError
 
 
 class Planning(Deciding):
@@ -89,6 +90,9 @@ class Planning(Deciding):
                     decisions[name] = self._after_pending(name, pending_up, failing_up)
                     continue
                 raise exc
+            except StepError as exc:  # looking at it failed (hashing its inputs took longer than its timeout)
+                decisions[name] = Decision(name, "fail", self.masker.mask(exc.message))
+                continue
             if prep is None:
                 decisions[name] = Decision(name, "skip", f"`when` is false: {step.common.when}")
                 continue

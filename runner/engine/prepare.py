@@ -21,7 +21,7 @@ from runner.record import StepRecord
 from runner.template import EnvView, Outputs, RenderError, render_data, render_string, render_value, when_source
 from steps import kind_class
 from steps._support.words import FALSE_WORDS, TRUE_WORDS
-from steps.base import StepContext, StepKind
+from steps.base import StepContext, StepError, StepKind
 
 ITEM_KEY = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")
 
@@ -199,7 +199,14 @@ class Preparing(EngineBase):
             {k: v for k, v in dumped.items() if k not in cls.cosmetic_fields} if isinstance(dumped, dict) else dumped
         )
         upstream = {dep: self.digests.get(dep, "none") for dep in self.graph.deps[step.name]}
-        extra = instance.fingerprint_extra(ctx)
+        try:
+            extra = instance.fingerprint_extra(ctx)
+        except StepError as exc:
+            if not exc.field:
+                raise
+            path = ("steps", step.index, step.kind, exc.field)
+            where = f"steps[{step.index}] ({step.name}).{step.kind}.{exc.field}"
+            raise self.pipeline.marks.error(path, self.masker.mask(exc.message), field=where) from None
         fingerprint = step_fingerprint(step.kind, spec_data, extra, upstream)
         ctx.fingerprint = fingerprint
         return Prepared(step, instance, ctx, spec_data, fingerprint, upstream, record_name)
