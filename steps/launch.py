@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from pydantic import Field, field_validator
 from steps._support.files import check_patterns, expand, remove_created
 from steps._support.process import run_process
 from steps._support.ray_jobs import RayJob, RaySpec
-from steps._support.supervise import start_time, write
+from steps._support.supervise import TOKEN_VARIABLE, carries, start_time, write
 from steps._support.words import argv_of
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
@@ -88,11 +89,35 @@ class LaunchSpec(SpecModel):
         return value
 
 
+def _live_pids(job: dict[str, Any]) -> list[int]:
+    """The job's processes that still run and are the ones the job file names: the supervisor (pid) and the job
+    itself (child_pid), each with its recorded start time and, where the file has one, the job's token in its
+    environment. A pid that was reused, or edited into the file, is not the job's."""
+    token = job.get("token")
+    live = []
+    for pid_key, time_key in (("pid", "start_time"), ("child_pid", "child_start_time")):
+        pid = job.get(pid_key)
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+            continue
+        if time_key not in job and pid_key == "child_pid":
+            continue  # a job file from before children's start times were kept: the supervisor speaks for it
+        began = start_time(pid)
+        if began is None or began != job.get(time_key):
+            continue
+        if isinstance(token, str) and token and not carries(pid, token):
+            continue
+        live.append(pid)
+    return live
+
+
 def _alive(job: dict[str, Any]) -> bool:
-    pid = job.get("pid")
-    if not isinstance(pid, int) or "exit_code" in job:
-        return False
-    return start_time(pid) == job.get("start_time") and start_time(pid) is not None
+    return "exit_code" not in job and bool(_live_pids(job))
+
+
+def _orphaned(job: dict[str, Any]) -> bool:
+    """The job runs but its supervisor was killed: its exit status will not be recorded."""
+    live = _live_pids(job)
+    return bool(live) and job.get("pid") not in live
 
 
 def _when(ts: Any) -> str:
@@ -160,6 +185,11 @@ class LaunchStep(StepKind[LaunchSpec]):
         if job is None:
             return Probe.missing("no job recorded in .runner/jobs")
         if _alive(job):
+            if _orphaned(job):
+                return Probe.ok(
+                    f"running since {_when(job.get('started'))}, pid {job['child_pid']} (its supervisor, pid "
+                    f"{job['pid']}, is gone: the exit status will not be recorded)"
+                )
             return Probe.ok(f"running since {_when(job.get('started'))}, pid {job['pid']}")
         if job.get("stopped"):
             return Probe.parked(
@@ -240,7 +270,7 @@ class LaunchStep(StepKind[LaunchSpec]):
             proc = subprocess.Popen(
                 argv,
                 cwd=cwd,
-                env=self._env(ctx),
+                env={**self._env(ctx), TOKEN_VARIABLE: secrets.token_hex(16)},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -316,14 +346,27 @@ class LaunchStep(StepKind[LaunchSpec]):
 
     def _stop(self, ctx: StepContext, job: dict[str, Any]) -> str:
         spec = self.spec
-        pgid = int(job.get("pgid") or job["pid"])
+        live = _live_pids(job)
+        if not live:
+            return "it no longer ran"
+        try:
+            pgid = os.getpgid(live[0])
+        except ProcessLookupError:
+            return "it no longer ran"
+        recorded = job.get("pgid")
+        if isinstance(recorded, int) and recorded != pgid:
+            raise StepError(
+                f"the job file says process group {recorded}, but the job (pid {live[0]}) is in group {pgid}: "
+                "nothing was signalled",
+                hint=f"was {self.job_path(ctx)} edited? stop the job by hand, then `runner forget {ctx.name}`",
+            )
         sig = getattr(signal, f"SIG{spec.stop_signal}")
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, sig)
         deadline = time.monotonic() + spec.stop_timeout
         while time.monotonic() < deadline:
             current = self.job(ctx) or job
-            if "exit_code" in current or start_time(int(job["pid"])) != job.get("start_time"):
+            if "exit_code" in current or not _live_pids(job):
                 self._kill_rest(pgid)
                 return f"SIG{spec.stop_signal}"
             time.sleep(0.1)

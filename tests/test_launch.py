@@ -173,3 +173,54 @@ def test_foreground_job_streams_and_reports_its_exit_status(jobs: Project) -> No
     )
     assert jobs.run("apply").code == 0
     assert jobs.run("apply").out.count("ok       train") == 1
+
+
+def test_a_job_whose_supervisor_was_killed_is_not_launched_twice(jobs: Project) -> None:
+    """kill -9 of the supervisor alone (issue 19, item 8): the job itself still runs; the next apply adopts it
+    (it used to say "the job is gone" and start a second copy beside it), and `runner stop` stops it."""
+    _train(jobs)
+    assert jobs.run("apply").code == 0
+    _wait_for(lambda: "child_pid" in _job(jobs))
+    job = _job(jobs)
+    os.kill(job["pid"], signal.SIGKILL)
+    _wait_for(lambda: not _alive(job["pid"]))
+    assert _alive(job["child_pid"])
+    plan = jobs.run("plan")
+    assert "nothing to do" in plan.out, plan.text
+    again = jobs.run("apply")
+    assert again.code == 0 and "its supervisor" in again.out and "is gone" in again.out, again.text
+    assert jobs.count("starts.txt") == 1
+    stopped = jobs.run("stop", "train")
+    assert stopped.code == 0, stopped.text
+    _wait_for(lambda: not _alive(job["child_pid"]))
+
+
+def test_a_job_file_edited_by_hand_never_signals_another_program(jobs: Project) -> None:
+    """A pid or pgid edited into the job file names an unrelated process: stop and apply leave it alone (the
+    job's identity is its start time and its token, not the numbers in the file)."""
+    import subprocess
+
+    victim = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        _train(jobs)
+        assert jobs.run("apply").code == 0
+        _wait_for(lambda: "child_pid" in _job(jobs))
+        job = _job(jobs)
+        path = jobs.path / ".runner/jobs/train.json"
+        path.write_text(json.dumps({**job, "pgid": victim.pid}))  # the group of another program
+        stop = jobs.run("stop", "train")
+        assert stop.code != 0 and "nothing was signalled" in stop.text, stop.text
+        assert _alive(victim.pid) and _alive(job["child_pid"])
+
+        # the pid of another program, with the real start time of ours: not the job's (no token), so not running
+        path.write_text(json.dumps({**job, "pid": victim.pid, "child_pid": victim.pid, "pgid": victim.pid}))
+        stop = jobs.run("stop", "train")
+        assert "not running" in stop.out, stop.text
+        assert _alive(victim.pid)
+        path.write_text(json.dumps(job))
+        assert jobs.run("stop", "train").code == 0
+        _wait_for(lambda: not _alive(job["child_pid"]))
+        assert _alive(victim.pid)
+    finally:
+        victim.kill()
+        victim.wait()

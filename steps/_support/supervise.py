@@ -14,6 +14,18 @@ import subprocess
 import sys
 import time
 
+TOKEN_VARIABLE = "RUNNER_JOB_TOKEN"
+
+
+def carries(pid: int, token: str) -> bool:
+    """Whether the process's environment holds TOKEN_VARIABLE=token (its identity as runner's job)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            data = fh.read()
+    except OSError:
+        return False
+    return f"{TOKEN_VARIABLE}={token}".encode() in data.split(b"\0")
+
 
 def start_time(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); None if it is gone.
@@ -60,6 +72,9 @@ def main(argv: list[str]) -> int:
         "pgid": os.getpgid(0),
         "start_time": start_time(os.getpid()),
         "fingerprint": fingerprint,
+        # in the job's environment too: who signals the job checks it there first (a pid and a start time alone
+        # could be edited into the job file)
+        "token": os.environ.get(TOKEN_VARIABLE, ""),
         "command": command,
         "log": log,
         "started": time.time(),
@@ -75,10 +90,11 @@ def main(argv: list[str]) -> int:
             out.write(f"cannot start the job: {exc}\n".encode())
             write(jobfile, {**record, "exit_code": 127, "finished": time.time(), "error": str(exc)})
             return 127
-        write(jobfile, {**record, "child_pid": child.pid})
+        record.update(child_pid=child.pid, child_start_time=start_time(child.pid))
+        write(jobfile, record)
         code = child.wait()
         out.write(f"=== job ended {time.strftime('%Y-%m-%d %H:%M:%S')} with exit code {code}\n".encode())
-    write(jobfile, {**record, "child_pid": child.pid, "exit_code": code, "finished": time.time()})
+    write(jobfile, {**record, "exit_code": code, "finished": time.time()})
     return 0
 
 
