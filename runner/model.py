@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,6 +93,24 @@ class StepDecl:
     exports_env: bool = False  # its kind exports variables to every later step (the contract's exports_env)
 
 
+DEFAULT_FILES = ("pipeline.yaml", "pipeline.yml")
+
+
+def state_dir_for(file: Path) -> Path:
+    """Where a pipeline file's state lives: `.runner/` beside `pipeline.yaml`, `.runner-NAME/` beside any other
+    file NAME, so two pipeline files in one directory never share records, secrets or a lock. A `.runner/` made
+    before that (by `-f NAME`) stays NAME's while there is no `.runner-NAME/` and no pipeline.yaml to claim it."""
+    resolved = file.resolve()
+    here = resolved.parent
+    if resolved.name in DEFAULT_FILES:
+        return here / ".runner"
+    own = here / f".runner-{resolved.name}"
+    legacy = here / ".runner"
+    if not own.exists() and legacy.is_dir() and not any((here / n).exists() for n in DEFAULT_FILES):
+        return legacy
+    return own
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """A loaded pipeline, complete: its steps (templates checked, references known) and their graph."""
@@ -111,9 +130,9 @@ class Pipeline:
     def dir(self) -> Path:
         return self.file.resolve().parent
 
-    @property
+    @functools.cached_property
     def state_dir(self) -> Path:
-        return self.dir / ".runner"
+        return state_dir_for(self.file)
 
     def step(self, name: str) -> StepDecl:
         return self.by_name[name]

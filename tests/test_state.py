@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,51 @@ def test_records_and_journal_lines_of_the_wrong_type_are_left_out_and_said(proje
         assert "\x1b" not in result.text
     assert project.run("apply").err == ""  # rewritten whole by the apply: nothing corrupt is left
     assert project.run("plan").code == 0
+
+
+def test_two_pipeline_files_in_one_directory_keep_their_own_state(project: Project) -> None:
+    """-f a.yaml and -f b.yaml beside each other (issue 19, item 2): same-named steps no longer re-run on every
+    apply, each file's secret is its own and stable, and one file's apply does not lock out the other."""
+    for name in ("a", "b"):
+        project.write(
+            f"""
+            name: {name}
+            steps:
+              - name: key
+                secret: {{bytes: 8}}
+              - name: work
+                run: "echo {name} >> work-{name}.count; echo {{{{ steps.key.value }}}} > key-{name}.txt"
+              - name: slow
+                run: "sleep {{{{ vars.sleep | default(0) }}}}"
+            """,
+            name=f"{name}.yaml",
+        )
+    assert project.run("apply", "-f", "a.yaml").code == 0
+    assert project.run("apply", "-f", "b.yaml").code == 0
+    for _ in range(2):
+        for name in ("a", "b"):
+            again = project.run("apply", "-f", f"{name}.yaml")
+            assert again.code == 0 and "changed=0" in again.out, again.text
+    assert project.count("work-a.count") == 1 and project.count("work-b.count") == 1
+    key_a, key_b = (project.path / "key-a.txt").read_text(), (project.path / "key-b.txt").read_text()
+    assert key_a != key_b
+    assert (project.path / ".runner-a.yaml" / "state.json").exists()
+    assert (project.path / ".runner-b.yaml" / "state.json").exists()
+    # one file's long apply holds only its own lock
+    slow = project.popen("apply", "-f", "a.yaml", "--var", "sleep=5", "--force", "slow")
+    time.sleep(1.5)
+    other = project.run("apply", "-f", "b.yaml", "--force", "work")
+    assert other.code == 0, other.text
+    assert slow.wait(timeout=30) == 0
+
+
+def test_a_state_directory_made_before_by_another_file_stays_its_own(project: Project) -> None:
+    """A `.runner/` made by `-f b.yaml` before each file had its own stays b.yaml's while no pipeline.yaml claims
+    it: an upgrade does not re-run what was done."""
+    project.write("name: b\nsteps:\n  - name: work\n    run: 'echo 1 >> work.count'\n", name="b.yaml")
+    assert project.run("apply", "-f", "b.yaml").code == 0
+    made = project.path / ".runner-b.yaml"
+    made.rename(project.path / ".runner")  # where an older runner kept it
+    again = project.run("apply", "-f", "b.yaml")
+    assert again.code == 0 and "changed=0" in again.out, again.text
+    assert project.count("work.count") == 1
