@@ -173,3 +173,30 @@ def test_a_reader_that_leaves_ends_output_quietly_and_the_run_goes_on(project: P
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err
     assert (project.path / "chatty.out").exists() and (project.path / "train.out").exists()
     assert "changed=0" in project.run("apply").out
+
+
+def test_names_and_messages_with_escape_sequences_stay_printable(project: Project) -> None:
+    """A for_each key and a failing command's message that carry escape sequences (issue 19, item 3): plan,
+    apply, status, explain and the errors show them as \\x1b, on stdout and stderr alike."""
+    project.write(
+        r"""
+        name: keys
+        steps:
+          - name: each
+            for_each: ["\e[2Jcleared", "\e]0;title\a"]
+            run: "exit 3"
+          - name: grab
+            needs: []
+            capture: {command: [sh, -c, "printf '\\033[31mred\\033[0m'; exit 4"]}
+          - name: nul
+            needs: []
+            run: {command: [echo, "a\0b"]}
+        """
+    )
+    outputs = [project.run(*args) for args in (("plan",), ("apply", "--keep-going"), ("status",))]
+    outputs.append(project.run("explain", "each"))
+    for result in outputs:
+        assert "\x1b" not in result.out + result.err and "\x07" not in result.out + result.err, result.text
+    applied = outputs[1].text
+    assert "internal error" not in applied and "holds a NUL byte" in applied, applied
+    assert "2Jcleared" in applied and "\\x1b[31mred" in applied, applied

@@ -115,6 +115,11 @@ def run_process(
         ) from None
     except PermissionError:
         raise StepError(f"permission denied running: {argv[0]}") from None
+    except ValueError as exc:  # a NUL byte in an argument or the environment
+        raise StepError(
+            f"the command holds a NUL byte, which no program can be given ({exc})",
+            hint='in a YAML double-quoted string "\\0" is a NUL: write "\\\\0" for a backslash and a zero',
+        ) from None
 
     try:
         log = _open_log(ctx.log_path) if ctx.log_path else None
