@@ -137,8 +137,11 @@ def test_a_flood_of_lines_is_logged_whole_in_bounded_memory(project: Project) ->
     )
     code, out, rss = _apply_measured(project)
     assert code == 0, out[-2000:]
-    log = _log(project)
-    assert len(log) == size and log[: len(line) * 3] == line * 3
+    log = _log(project)  # capped at the default 128 MiB: its first and its last 64 MiB
+    assert log[: len(line) * 3] == line * 3
+    cap = 128 << 20
+    assert cap <= len(log) <= cap + 300 and b"[runner: " in log and b"bytes left out here" in log
+    assert f"of {size} (RUNNER_LOG_LIMIT={cap})".encode() in log
     assert rss < 150, f"runner's peak RSS was {rss:.0f} MiB for {size // 1_000_000} MB of output"
 
 
@@ -200,3 +203,28 @@ def test_names_and_messages_with_escape_sequences_stay_printable(project: Projec
     applied = outputs[1].text
     assert "internal error" not in applied and "holds a NUL byte" in applied, applied
     assert "2Jcleared" in applied and "\\x1b[31mred" in applied, applied
+
+
+def test_a_step_log_is_capped_at_its_first_and_last_part(project: Project) -> None:
+    """RUNNER_LOG_LIMIT (default 128 MiB): a step log keeps the first half and the last half of the cap, and a
+    line that says how much was left out between them; the tail is rotated on disk, not held in memory."""
+    project.write(
+        """
+        name: capped
+        steps:
+          - name: noisy
+            run: "seq 1 2000000"
+        """
+    )
+    env = {**project.env(), "RUNNER_LOG_LIMIT": "1000000"}
+    done = subprocess.run(project.argv("apply"), cwd=project.path, env=env, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    log = _log(project)
+    whole = b"".join(b"%d\n" % i for i in range(1, 2_000_001))
+    head, _, rest = log.partition(b"\n[runner: ")
+    note, _, tail = rest.partition(b"]\n")
+    assert head == whole[: len(head)] and len(head) == 500_000
+    assert whole.endswith(tail) and 250_000 <= len(tail) <= 500_000
+    left_out = int(note.split(b" ", 1)[0])
+    assert left_out == len(whole) - len(head) - len(tail), note
+    assert not list((project.path / ".runner" / "logs").glob("*/*.part-*")), "rotating parts left behind"

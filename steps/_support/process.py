@@ -186,6 +186,7 @@ def _open_log(path: Path) -> int:
 
 CHUNK = 1 << 16
 LONG_LINE = 1 << 20  # output with no end of line is passed on in parts of about this size
+DEFAULT_LOG_LIMIT = 128 << 20
 SHOWN = 2000  # characters of a line shown on the terminal and in an error's tail; the log has all
 
 
@@ -203,6 +204,14 @@ class _Output:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.captured: list[str] = []
         self.captured_size = 0
+        limit = log_limit()
+        self.head_limit = limit - limit // 2 if limit else 1 << 62
+        self.tail_limit = limit // 2
+        self.head = 0  # bytes in the log itself
+        self.logged = 0  # bytes the step wrote in all
+        self.part: int | None = None  # the rotating file of the log's tail, past the head
+        self.part_size = 0
+        self.parts = 0
         self.partial = ""  # the start of a line longer than LONG_LINE, as shown (its rest is not shown again)
         self.long = 0  # characters of that line so far
 
@@ -274,20 +283,96 @@ class _Output:
     def _write(self, data: bytes) -> None:
         if self.log is None:
             return
-        view = memoryview(data)
         try:
-            while view:
-                written = os.write(self.log, view)
-                view = view[written:]
+            self.logged += len(data)
+            room = self.head_limit - self.head
+            if room > 0:
+                head, data = data[:room], data[room:]
+                _write_all(self.log, head)
+                self.head += len(head)
+            if data:
+                self._keep_tail(data)
         except OSError as exc:  # a full disk: the output still reaches the tail and the terminal
             self.log_error = exc.strerror or str(exc)
             self.close()
 
+    def _keep_tail(self, data: bytes) -> None:
+        """Past the head of a capped log: the last part of the output, in two rotating files beside the log
+        (at most the cap on disk, none of it in memory), joined to the log when it is closed."""
+        segment = max(1, self.tail_limit)
+        while data:
+            if self.part is None or self.part_size >= segment:
+                self._rotate()
+            assert self.part is not None
+            piece, data = data[: segment - self.part_size], data[segment - self.part_size :]
+            _write_all(self.part, piece)
+            self.part_size += len(piece)
+
+    def _part_path(self, index: int) -> str:
+        return f"{self.ctx.log_path}.part-{index % 2}"
+
+    def _rotate(self) -> None:
+        if self.part is not None:
+            os.close(self.part)
+            self.parts += 1
+        path = self._part_path(self.parts)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        self.part = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        self.part_size = 0
+
+    def _join_tail(self) -> None:
+        """The log's last part after its head and a line that says what was left out."""
+        assert self.log is not None and self.part is not None
+        os.close(self.part)
+        self.part = None
+        older = self._part_path(self.parts - 1) if self.parts else None
+        from_older = min(self.tail_limit - self.part_size, os.path.getsize(older)) if older else 0
+        kept = from_older + self.part_size
+        left_out = self.logged - self.head - kept
+        note = (
+            f"\n[runner: {left_out} bytes left out here: a step log keeps its first {self.head} and its last "
+            f"{kept} bytes of {self.logged} (RUNNER_LOG_LIMIT={self.head_limit + self.tail_limit})]\n"
+        )
+        if left_out:
+            _write_all(self.log, note.encode())
+        for path, skip in ((older, -from_older), (self._part_path(self.parts), 0)):
+            if path is None:
+                continue
+            with open(path, "rb") as fh:
+                if skip:
+                    fh.seek(skip, os.SEEK_END)
+                if skip or path != older:
+                    for chunk in iter(lambda: fh.read(1 << 20), b""):
+                        _write_all(self.log, chunk)
+            os.unlink(path)
+
     def close(self) -> None:
         if self.log is not None:
+            if self.part is not None:
+                try:
+                    self._join_tail()
+                except OSError as exc:
+                    self.log_error = exc.strerror or str(exc)
             with contextlib.suppress(OSError):
                 os.close(self.log)
             self.log = None
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def log_limit() -> int:
+    """The cap of one step log in bytes: RUNNER_LOG_LIMIT (default 128 MiB), its first half and its last half
+    kept; 0 for no cap."""
+    text = os.environ.get("RUNNER_LOG_LIMIT", "")
+    try:
+        return max(0, int(text)) if text else DEFAULT_LOG_LIMIT
+    except ValueError:
+        return DEFAULT_LOG_LIMIT
 
 
 def _line_boundary(data: bytes) -> int:
