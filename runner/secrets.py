@@ -19,6 +19,26 @@ _WORDS = re.compile(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])")
 _URL_CREDENTIALS = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^\s/@:'\"]+)(?::([^\s/@'\"]*))?@")
 
 
+PART_LENGTH = 8  # a part of a secret this long or longer, rendered into a step, is masked too
+
+
+def _base64_forms(value: str) -> set[str]:
+    """The secret as base64 shows it wherever it sits in the encoded stream (`echo $TOKEN | base64`, a Basic
+    auth header): the encoding of its whole 3-byte groups at each of the three alignments, standard and
+    URL-safe. The few characters at its edges stay visible; they are not the secret."""
+    import base64
+
+    data = value.encode("utf-8")
+    forms = set()
+    for skip in range(3):
+        part = data[skip:]
+        part = part[: len(part) // 3 * 3]
+        if len(part) >= 6:
+            forms.add(base64.b64encode(part).decode("ascii"))
+            forms.add(base64.urlsafe_b64encode(part).decode("ascii"))
+    return forms
+
+
 def secret_name(name: str) -> bool:
     words = _WORDS.findall(name)
     return bool(words) and words[-1].lower() in SECRET_WORDS
@@ -78,6 +98,7 @@ class Masker:
 
         forms = {value, value.upper(), value.lower(), json.dumps(value)[1:-1], urllib.parse.quote(value, safe="")}
         forms.add(urllib.parse.quote_plus(value))
+        forms.update(_base64_forms(value))
         if "\n" in value:
             forms.update(line.strip() for line in value.splitlines())
         forms = {f for f in forms if len(f) >= MIN_SECRET_LENGTH}
@@ -87,6 +108,17 @@ class Masker:
                 self._known |= fresh
                 self._values.extend(fresh)
                 self._values.sort(key=len, reverse=True)  # longest first: no partial leftovers
+
+    def add_part(self, text: str) -> None:
+        """A rendered template expression: masked from now on if it is a part of a secret (a slice,
+        `token[:12]`, in any case) of PART_LENGTH characters or more."""
+        if len(text) < PART_LENGTH or not self._values:
+            return
+        folded = text.lower()
+        with self._lock:
+            values = list(self._values)
+        if any(folded in value.lower() for value in values):
+            self.add(text)
 
     def add_data(self, value: object) -> list[str]:
         """Every string inside a secret of any shape (a mapping, a list, a number); returns the parts too short

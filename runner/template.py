@@ -15,7 +15,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -119,6 +119,29 @@ class _Environment(SandboxedEnvironment):
         return super().getitem(obj, argument)
 
 
+_parts = threading.local()
+
+
+def _finalize(value: Any) -> Any:
+    """Each `{{ expression }}`'s value on its way into the text: handed to the collector that
+    `secret_parts` installs (a slice of a secret is masked as the secret is)."""
+    sink = getattr(_parts, "sink", None)
+    if sink is not None and isinstance(value, str):
+        sink(value)
+    return value
+
+
+@contextlib.contextmanager
+def secret_parts(sink: Callable[[str], None]) -> Iterator[None]:
+    """While rendering in this thread, every expression's string value goes to `sink` too."""
+    previous = getattr(_parts, "sink", None)
+    _parts.sink = sink
+    try:
+        yield
+    finally:
+        _parts.sink = previous
+
+
 class EnvView(dict[str, str]):
     """`env` in templates: runner's environment and the exports of the env steps a step sees. A variable that
     is not set is an error that says so (not Jinja's "'dict object' has no attribute")."""
@@ -132,7 +155,7 @@ class EnvView(dict[str, str]):
 
 @functools.lru_cache(maxsize=1)
 def environment() -> SandboxedEnvironment:
-    env = _Environment(undefined=_Undefined, autoescape=False, keep_trailing_newline=True)
+    env = _Environment(undefined=_Undefined, autoescape=False, keep_trailing_newline=True, finalize=_finalize)
     env.globals["range"] = _range
     env.filters["quote"] = _quote
     env.filters["bool"] = _bool

@@ -317,3 +317,37 @@ def test_a_secret_appears_in_no_artifact(project: Project) -> None:
             if path.is_file() and path.name not in ("secrets.json", "env.sh"):
                 assert value not in path.read_text(errors="replace"), path
     assert "key=******** token=********" in outputs[1].out
+
+
+def test_slices_and_base64_of_a_secret_are_masked(project: Project) -> None:
+    """Transformed secrets (issue 19, item 4): a slice of 8 characters or more rendered into a step (in any
+    case), and the secret's base64 wherever it sits in the encoded stream, are masked in the log, the state
+    and the output."""
+    import base64
+
+    token = "s3cr3t-t0ken-value-1234567890"
+    project.write(
+        f"""
+        name: shapes
+        secrets: [token]
+        vars: {{token: "{token}"}}
+        steps:
+          - name: leak
+            run: >-
+              echo {{{{ vars.token[:12] }}}};
+              echo {{{{ vars.token[4:16] | upper }}}};
+              printf %s {{{{ vars.token }}}} | base64 -w0; echo;
+              echo {{{{ vars.token }}}} | base64 -w0; echo;
+              printf 'user:%s' {{{{ vars.token }}}} | base64 -w0; echo
+        """
+    )
+    result = project.run("apply", "-v")
+    assert result.code == 0, result.text
+    logs = "".join(p.read_text() for p in (project.path / ".runner" / "logs").glob("*/*.log"))
+    state = (project.path / ".runner" / "state.json").read_text()
+    leaks = [token[:12], token[4:16].upper(), base64.b64encode(token.encode()).decode()[:20]]
+    leaks += [base64.b64encode(b"user:" + token.encode()).decode()[8:28]]
+    for where, text in (("output", result.text), ("log", logs), ("state", state)):
+        for leak in leaks:
+            assert leak not in text, f"{leak!r} in the {where}"
+    assert logs.count("********") >= 5, logs

@@ -18,7 +18,16 @@ from runner.fingerprint import digest, step_fingerprint
 from runner.load import validation_errors
 from runner.model import StepDecl
 from runner.record import StepRecord
-from runner.template import EnvView, Outputs, RenderError, render_data, render_string, render_value, when_source
+from runner.template import (
+    EnvView,
+    Outputs,
+    RenderError,
+    render_data,
+    render_string,
+    render_value,
+    secret_parts,
+    when_source,
+)
 from steps import kind_class
 from steps._support.words import FALSE_WORDS, TRUE_WORDS
 from steps.base import StepContext, StepError, StepKind
@@ -162,7 +171,8 @@ class Preparing(EngineBase):
             return None
         record_name = f"{step.name}[{item.key}]" if item is not None else step.name
         try:
-            rendered = render_data(step.raw, context, (step.kind,))
+            with secret_parts(self.masker.add_part):
+                rendered = render_data(step.raw, context, (step.kind,))
         except RenderError as exc:
             raise self._render_error(step, exc) from None
         self.masker.scan(rendered)  # values under secret-sounding names, URL passwords: masked from here on
