@@ -107,6 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--purge", action="store_true", help="also remove the clones, venvs and `creates` files it made")
     p.add_argument("--dry-run", action="store_true", help="only say what it would do")
     sub.add_parser("validate", parents=[common], help="load and check the pipeline only")
+    sub.add_parser("restore-state", parents=[common], help="put back the last good state snapshot (state.json.backup)")
     p = sub.add_parser("schema", help="the JSON Schema of the pipeline file, for editors")
     p.add_argument("-o", "--output", metavar="FILE", help="write it to FILE (default: print it)")
     return parser
@@ -185,6 +186,7 @@ COMMANDS = {
     "stop": "stop",
     "down": "down",
     "validate": "validate",
+    "restore-state": "restore_state",
     "schema": "schema",
 }
 

@@ -28,6 +28,7 @@ from steps._support import faults
 from steps._support.files import atomic_write
 
 SCHEMA_VERSION = 1
+BACKUP = "state.json.backup"  # the last snapshot that was written and read back whole
 COMPACT_MIN = 64  # journal entries before a snapshot, at the least
 
 
@@ -47,6 +48,7 @@ class StateStore:
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir
         self.path = state_dir / "state.json"
+        self.backup = state_dir / BACKUP
         self._lock = threading.Lock()
         self.data: dict[str, Any] = {"schema": SCHEMA_VERSION, "generation": 0, "steps": {}}
         self._journal: Any = None  # the open journal file, appended to between snapshots
@@ -82,12 +84,10 @@ class StateStore:
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise StateError(
-                f"{self.path} is not valid JSON ({exc.msg} at line {exc.lineno}); "
-                "move it away to start over (every step will be probed and re-run)"
-            ) from None
+            message = f"{self.path} is not valid JSON ({exc.msg} at line {exc.lineno}); {self._way_back()}"
+            raise StateError(message) from None
         if not isinstance(data, dict) or not isinstance(data.get("steps"), dict):
-            raise StateError(f"{self.path} does not hold runner state; move it away to start over")
+            raise StateError(f"{self.path} does not hold runner state; {self._way_back()}")
         schema = data.get("schema")
         if schema != SCHEMA_VERSION:
             raise StateError(
@@ -99,6 +99,18 @@ class StateStore:
             del data["steps"][name]  # a record of the wrong type: no record (the step is probed and re-run)
             self.skipped.append(f"{self.path.name}: the record of {name[:80]!r}")
         return data
+
+    def _way_back(self) -> str:
+        """What to do about a state.json that cannot be read: the backup and the command that restores it."""
+        good = read_backup(self.backup)
+        if good is None:
+            return "move it away to start over (every step will be probed and re-run)"
+        when = iso(self.backup.stat().st_mtime)
+        return (
+            f"the last good snapshot is {self.backup} (generation {good.get('generation', 0)}, written {when}): "
+            "`runner restore-state` puts it back, and nothing it records as done runs again "
+            "(or move state.json away to start over)"
+        )
 
     def _replay(self, data: dict[str, Any]) -> int:
         path = self.dir / f"journal-{data.get('generation', 0)}.jsonl"
@@ -207,11 +219,14 @@ class StateStore:
     def _compact(self) -> None:
         old = self.generation
         data = {**self.data, "generation": old + 1}
+        text = json.dumps(data, indent=1, sort_keys=True) + "\n"
         try:
             self.dir.mkdir(parents=True, exist_ok=True)
-            atomic_write(self.path, json.dumps(data, indent=1, sort_keys=True) + "\n", crash_point="snapshot")
+            atomic_write(self.path, text, crash_point="snapshot")
         except OSError as exc:
             raise StateError(f"cannot write {self.path}: {exc.strerror}; the previous state is kept") from None
+        with contextlib.suppress(OSError):  # a copy, not a link: what damages state.json in place spares it
+            atomic_write(self.backup, text)
         self.data = data
         self._close_journal()
         self._entries = 0
@@ -221,12 +236,46 @@ class StateStore:
                     stale.unlink()
 
 
+def read_backup(path: Path) -> dict[str, Any] | None:
+    """The backup snapshot if it is whole runner state of this schema, else None."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and isinstance(data.get("steps"), dict) and data.get("schema") == SCHEMA_VERSION:
+        return data
+    return None
+
+
+def restore_backup(state_dir: Path) -> str:
+    """Put the backup snapshot back as state.json (the damaged one is kept beside it); refused while an apply
+    holds the lock. Returns what was done, in words."""
+    backup = state_dir / BACKUP
+    good = read_backup(backup)
+    if good is None:
+        raise StateError(f"{backup} is missing or damaged too: move state.json away to start over")
+    current = state_dir / "state.json"
+    with pipeline_lock(state_dir, notice=lambda message: None):
+        kept = ""
+        if current.exists():
+            damaged = state_dir / f"state.json.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.replace(current, damaged)
+            kept = f"; the damaged one is kept as {damaged.name}"
+        atomic_write(current, backup.read_text(encoding="utf-8"))
+        for journal in state_dir.glob("journal-*.jsonl"):  # transitions after the backup belong to no snapshot
+            if journal.name != f"journal-{good.get('generation', 0)}.jsonl":
+                with contextlib.suppress(OSError):
+                    journal.unlink()
+    steps = len(good["steps"])
+    return f"restored {current} from {backup.name} (generation {good.get('generation', 0)}, {steps} records){kept}"
+
+
 MIN_FREE = 64 * 1024  # bytes the state directory needs to record a run
 
 
 # What runner keeps in .runner/: none of it may be a symbolic link (a link would make runner write, truncate or
 # prune what it points at: a shared folder, another file).
-STATE_ENTRIES = ("state.json", "secrets.json", "env.sh", "lock", "logs", "jobs", "cache")
+STATE_ENTRIES = ("state.json", BACKUP, "secrets.json", "env.sh", "lock", "logs", "jobs", "cache")
 
 
 def check_no_links(state_dir: Path) -> None:

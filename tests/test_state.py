@@ -215,3 +215,47 @@ def test_a_state_directory_made_before_by_another_file_stays_its_own(project: Pr
     again = project.run("apply", "-f", "b.yaml")
     assert again.code == 0 and "changed=0" in again.out, again.text
     assert project.count("work.count") == 1
+
+
+def test_a_damaged_state_is_restored_from_its_backup_without_re_running(project: Project) -> None:
+    """A state.json torn mid-write (issue 18, item 5): every command names the backup and the command that
+    restores it; after `runner restore-state` nothing that was done runs again."""
+    project.write(
+        """
+        name: backup
+        steps:
+          - name: one
+            run: "echo 1 >> one.count"
+          - name: two
+            run: "echo 1 >> two.count"
+        """
+    )
+    assert project.run("apply").code == 0
+    state = project.path / ".runner" / "state.json"
+    backup = project.path / ".runner" / "state.json.backup"
+    assert json.loads(backup.read_text()) == json.loads(state.read_text())
+    text = state.read_bytes()
+    with open(state, "r+b") as fh:  # torn in place, as a crash on a file system without atomic rename leaves it
+        fh.truncate(len(text) // 2)
+    for command in ("plan", "apply", "status"):
+        refused = project.run(command)
+        assert refused.code == 1, refused.text
+        assert "state.json.backup" in refused.err and "runner restore-state" in refused.err, refused.err
+    assert project.count("one.count") == 1
+    restored = project.run("restore-state")
+    assert restored.code == 0 and "restored" in restored.out, restored.text
+    assert list((project.path / ".runner").glob("state.json.damaged-*")), "the damaged state was not kept"
+    again = project.run("apply")
+    assert again.code == 0 and "changed=0" in again.out, again.text
+    assert project.count("one.count") == 1 and project.count("two.count") == 1
+
+
+def test_restore_state_without_a_good_backup_says_so(project: Project) -> None:
+    project.write("name: t\nsteps:\n  - name: a\n    run: 'true'\n")
+    assert project.run("apply").code == 0
+    (project.path / ".runner" / "state.json").write_text("{")
+    (project.path / ".runner" / "state.json.backup").write_text("{")
+    refused = project.run("plan")
+    assert refused.code == 1 and "move it away to start over" in refused.err
+    restore = project.run("restore-state")
+    assert restore.code == 1 and "missing or damaged too" in restore.err, restore.text
