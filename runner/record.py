@@ -192,9 +192,12 @@ class StepRecord:
         upstream: dict[str, str],
         when: float,
         run: str,
+        outputs: dict[str, Any] | None = None,
     ) -> StepRecord:
-        """`runner mark-done`: the live state accepted as done; the outputs it had stay."""
-        outputs = previous.outputs if previous else {}
+        """`runner mark-done`: the live state accepted as done; the outputs it had stay (or those the kind
+        gave when it adopted what it found)."""
+        if outputs is None:
+            outputs = previous.outputs if previous else {}
         return StepRecord.done(
             kind=kind,
             fingerprint=fingerprint,

@@ -134,6 +134,7 @@ class StepContext:
     # the tag every process this run of the step starts carries in its environment (steps/_support/sweep.py);
     # "" outside an apply
     process_tag: str = ""
+    forced: bool = False  # named by `apply --force`: replace what is there even if runner did not make it
 
     def resolve(self, path: str) -> Path:
         """A path relative to the pipeline file's directory (absolute paths stay as they are)."""
@@ -170,6 +171,11 @@ class StepKind(Generic[SpecT]):
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         """Make it so; return the outputs later steps may reference."""
         raise NotImplementedError
+
+    def adopt(self, ctx: StepContext) -> dict[str, Any] | None:
+        """`runner mark-done`: take what is there as this step's, returning the outputs to record (StepError
+        when it does not match the spec), or None for a kind that adopts nothing (its probe decides)."""
+        return None
 
     def exports(self) -> dict[str, str]:
         """Variables this step exports to later steps (env-like kinds only)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import shlex
 import socket
 import time
 from collections.abc import Iterator
@@ -74,6 +75,16 @@ def foreign_owner(ctx: StepContext, container: Container) -> str | None:
 
 
 OWNER_HINT = "give this step another docker `name:`, or take it down there first (`runner down` in that pipeline)"
+
+
+def unowned_hint(step: str) -> str:
+    return (
+        f"runner replaces only containers it made: `runner mark-done {step}` adopts this one as it is (if it "
+        f"matches the spec), `runner apply --force {step}` replaces it (its writable layer is lost), or remove it "
+        "yourself (`docker rm -f`)"
+    )
+
+
 START_GRACE = 0.5  # seconds a container must stay up after start when there is no readiness wait
 LOG_TAIL = 20
 
@@ -194,7 +205,7 @@ def _show(value: Any) -> str:
 class DockerStep(StepKind[DockerSpec]):
     kind = "docker"
     Spec = DockerSpec
-    outputs = frozenset({"container_id", "name", "image_id", "ports", "host", "hostname"})
+    outputs = frozenset({"container_id", "name", "image_id", "ports", "host", "hostname", "adopted"})
     cosmetic_fields = frozenset({"stop_timeout"})
 
     # ---- the config that needs a recreate ----------------------------------------------------------------
@@ -249,17 +260,20 @@ class DockerStep(StepKind[DockerSpec]):
     def preview(self, ctx: StepContext) -> str | None:
         """For plan: a container of this name that another pipeline owns (apply refuses to replace it)."""
         try:
-            with self._existing(ctx) as (_, container, _address):
+            with self._existing(ctx) as (_, container, address):
                 theirs = foreign_owner(ctx, container) if container is not None else None
+                mine = self._unowned(ctx, container, address) if container is not None and not ctx.forced else None
         except StepError:
             return None  # the engine's own error is the probe's to tell
-        return f"{theirs}; {OWNER_HINT}" if theirs else None
+        if theirs:
+            return f"{theirs}; {OWNER_HINT}"
+        return f"{mine}; {unowned_hint(ctx.name)}" if mine else None
 
     def probe(self, ctx: StepContext) -> Probe:
         with self._existing(ctx) as (client, container, address):
             if container is None:
                 return Probe.missing(f"no container named {self.spec.name} on {address}")
-            theirs = foreign_owner(ctx, container)
+            theirs = foreign_owner(ctx, container) or self._unowned(ctx, container, address)
             if theirs:
                 return Probe.missing(theirs)
             drift = self._drift(ctx, client, container)
@@ -274,7 +288,11 @@ class DockerStep(StepKind[DockerSpec]):
         docker = sdk()
 
         labels = container.labels or {}
-        if labels.get(HASH_LABEL) != self.config_hash(ctx):
+        if self._adopted(ctx, container):
+            live = self._live_changes(ctx, client, container)
+            if live:
+                return "the adopted container differs from the spec: " + "; ".join(live), live
+        elif labels.get(HASH_LABEL) != self.config_hash(ctx):
             if HASH_LABEL not in labels:
                 return f"container {container.name} was not created by runner (no {HASH_LABEL} label)", []
             try:
@@ -285,6 +303,10 @@ class DockerStep(StepKind[DockerSpec]):
             changes = _changes(old, new) if isinstance(old, dict) else []
             shown = "; ".join(changes) if changes else "its config hash differs"
             return "container config drifted: " + shown, changes
+        else:
+            live = self._live_changes(ctx, client, container)  # labels copied by hand onto another container
+            if live:
+                return "the container's live configuration differs from its labels: " + "; ".join(live), live
         state = container.attrs.get("State", {})
         if container.status != "running":
             detail = f" (exit code {state.get('ExitCode')})" if container.status == "exited" else ""
@@ -300,6 +322,117 @@ class DockerStep(StepKind[DockerSpec]):
                 [f"image: {str(container.attrs.get('Image'))[7:19]} -> {image.id[7:19]}"],
             )
         return None
+
+    # ---- ownership ------------------------------------------------------------------------------------
+
+    def _adopted(self, ctx: StepContext, container: Container) -> bool:
+        """A container runner did not make, taken as this step's by `runner mark-done` (by its id)."""
+        kept = ctx.record_outputs
+        return bool(kept.get("adopted")) and kept.get("container_id") == container.id
+
+    def _unowned(self, ctx: StepContext, container: Container, address: str) -> str | None:
+        """What is there, when the container of this name is not runner's (no hash label, not adopted)."""
+        if HASH_LABEL in (container.labels or {}) or self._adopted(ctx, container):
+            return None
+        image = (container.attrs.get("Config") or {}).get("Image", "?")
+        created = str(container.attrs.get("Created", "?"))[:19].replace("T", " ")
+        return (
+            f"a container named {container.name} that runner did not create is on {address} "
+            f"(image {image}, {container.status}, created {created}): runner does not replace it"
+        )
+
+    def adopt(self, ctx: StepContext) -> dict[str, Any] | None:
+        with self._existing(ctx) as (client, container, address):
+            if container is None:
+                raise StepError(f"no container named {self.spec.name} on {address} to take as it is")
+            theirs = foreign_owner(ctx, container)
+            if theirs:
+                raise StepError(theirs)
+            if HASH_LABEL in (container.labels or {}):
+                return None  # runner's own: the probe decides, as for any step
+            live = self._live_changes(ctx, client, container)
+            if live:
+                raise StepError(
+                    f"the container {container.name} does not match the spec: {'; '.join(live)}",
+                    hint=f"make the spec say what runs, or `runner apply --force {ctx.name}` replaces it",
+                )
+            if container.status != "running":
+                raise StepError(f"the container {container.name} is {container.status}, not running")
+            return {
+                "adopted": True,
+                "container_id": container.id,
+                "name": container.name,
+                "image_id": container.attrs.get("Image"),
+                "ports": _published(container),
+                "host": address,
+                "hostname": engine_hostname(address) or "localhost",
+            }
+
+    def _live_changes(self, ctx: StepContext, client: docker.DockerClient, container: Container) -> list[str]:
+        """How the running container differs from the spec, read from its live configuration (what `docker
+        inspect` shows), for the fields that make it what it is. Env values are never shown."""
+        docker = sdk()
+
+        spec = self.spec
+        config = container.attrs.get("Config") or {}
+        host = container.attrs.get("HostConfig") or {}
+        changes: list[str] = []
+        if config.get("Image") != spec.image:
+            try:
+                same = client.images.get(spec.image).id == container.attrs.get("Image")
+            except docker.errors.ImageNotFound:
+                same = False
+            if not same:
+                changes.append(f"image: {config.get('Image')} -> {spec.image}")
+        for field, live in (("command", config.get("Cmd")), ("entrypoint", config.get("Entrypoint"))):
+            want = getattr(spec, field)
+            if want is not None:
+                argv = shlex.split(want) if isinstance(want, str) else list(want)
+                if list(live or []) != argv:
+                    changes.append(f"{field}: {ctx.mask(json.dumps(live))} -> {ctx.mask(json.dumps(argv))}")
+        env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
+        for key, value in sorted(spec.env.items()):
+            if key not in env:
+                changes.append(f"env.{key}: not set in the container")
+            elif env[key] != value:
+                changes.append(f"env.{key}: differs")
+        want_ports = set()
+        for item in spec.ports:
+            key, ip, port = parse_port(item)
+            want_ports.add((key, ip or "", str(port or "")))
+        live_ports = {
+            (key, b.get("HostIp") or "", b.get("HostPort") or "")
+            for key, bindings in (host.get("PortBindings") or {}).items()
+            for b in bindings or []
+        }
+        live_ports = {(k, "" if ip in ("0.0.0.0", "::") else ip, p) for k, ip, p in live_ports}
+        if want_ports != live_ports:
+            changes.append(f"ports: {_ports_text(live_ports)} -> {_ports_text(want_ports)}")
+
+        def mount(text: str) -> tuple[str, str, str]:
+            parts = text.split(":")
+            return parts[0], parts[1] if len(parts) > 1 else "", parts[2] if len(parts) > 2 else "rw"
+
+        want_mounts = {mount(self._volume(ctx, v)) for v in spec.volumes}
+        live_mounts = {mount(b) for b in host.get("Binds") or []}
+        if want_mounts != live_mounts:
+            changes.append(f"volumes: {sorted(live_mounts)} -> {sorted(want_mounts)}")
+        if bool(host.get("Privileged")) != spec.privileged:
+            changes.append(f"privileged: {bool(host.get('Privileged'))} -> {spec.privileged}")
+        policy = host.get("RestartPolicy") or {}
+        live_restart = policy.get("Name") or "no"
+        if live_restart == "on-failure" and policy.get("MaximumRetryCount"):
+            live_restart += f":{policy['MaximumRetryCount']}"
+        if live_restart != spec.restart:
+            changes.append(f"restart: {live_restart} -> {spec.restart}")
+        mode = host.get("NetworkMode") or "default"
+        if (spec.network or "default") != mode and {spec.network or "default", mode} != {"default", "bridge"}:
+            changes.append(f"network: {mode} -> {spec.network or 'default'}")
+        labels = config.get("Labels") or {}
+        for key, value in sorted(spec.labels.items()):
+            if labels.get(key) != value:
+                changes.append(f"labels.{key}: {labels.get(key)!r} -> {value!r}")
+        return changes
 
     def _masked_config(self, ctx: StepContext) -> dict[str, Any]:
         masked: dict[str, Any] = json.loads(ctx.mask(json.dumps(self.config(ctx))))
@@ -321,6 +454,11 @@ class DockerStep(StepKind[DockerSpec]):
                 theirs = foreign_owner(ctx, existing)
                 if theirs:
                     raise StepError(theirs, hint=OWNER_HINT)
+                mine = self._unowned(ctx, existing, address)
+                if mine and not ctx.forced:
+                    raise StepError(mine, hint=unowned_hint(ctx.name))
+                if mine:
+                    ctx.on_output(f"replacing the container {spec.name} that runner did not create (--force)")
             image = self._ensure_image(ctx, client, address)
             if existing is not None:
                 drift = self._drift(ctx, client, existing)
@@ -336,7 +474,9 @@ class DockerStep(StepKind[DockerSpec]):
                 container = self._create_and_start(ctx, client, address, image.id)
             self._await_ready(ctx, container, address)
             container.reload()
+            adopted = {"adopted": True} if self._adopted(ctx, container) else {}
             return {
+                **adopted,
                 "container_id": container.id,
                 "name": spec.name,
                 "image_id": container.attrs.get("Image", image.id),
@@ -523,6 +663,10 @@ class DockerStep(StepKind[DockerSpec]):
             if not exc.output_tail:
                 exc.output_tail = ctx.mask(_logs_tail(container))
             raise
+
+
+def _ports_text(ports: set[tuple[str, str, str]]) -> str:
+    return "[" + ", ".join(f"{ip + ':' if ip else ''}{host or '?'}:{key}" for key, ip, host in sorted(ports)) + "]"
 
 
 def _logs_tail(container: Container) -> str:

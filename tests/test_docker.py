@@ -286,3 +286,79 @@ def test_two_pipelines_with_one_container_name_do_not_fight(
     assert docker_client.containers.get(name).id == first_id
     assert "belongs to another pipeline" in other.run("down").out
     assert docker_client.containers.get(name).id == first_id
+
+
+def _by_hand(client: Any, name: str, port: int, env: dict[str, str], labels: dict[str, str] | None = None) -> Any:
+    """`docker run -d --name NAME ...` as the tutorial does it: the user's container, not runner's."""
+    return client.containers.run(
+        BUSYBOX_IMAGE,
+        ["httpd", "-f", "-p", "8000", "-h", "/www"],
+        name=name,
+        detach=True,
+        environment=env,
+        ports={"8000/tcp": ("127.0.0.1", port)},
+        labels=labels or {},
+    )
+
+
+def test_a_container_runner_did_not_make_is_never_replaced_unasked(project: Project, docker_client: Any) -> None:
+    """The user's own container of the step's name (issue 18, item 2): plan says it fails, apply refuses and
+    leaves it, `mark-done` adopts it when it matches the spec, and only `--force` replaces one that does not."""
+    name = _name(docker_client)
+    port = free_port()
+    theirs = _by_hand(docker_client, name, port, {"A": "1"})
+    _server(project, name, port)
+    plan = project.run("plan")
+    assert plan.code == 2 and "x fail" in plan.out and "that runner did not create" in plan.out, plan.text
+    refused = project.run("apply")
+    assert refused.code == 1 and "runner does not replace it" in refused.out, refused.text
+    assert "mark-done web" in refused.out and "--force web" in refused.out
+    assert docker_client.containers.get(name).id == theirs.id
+
+    adopted = project.run("mark-done", "web")
+    assert adopted.code == 0, adopted.text
+    again = project.run("apply")
+    assert again.code == 0 and "changed=0" in again.out, again.text
+    assert docker_client.containers.get(name).id == theirs.id
+
+    theirs.stop(timeout=1)  # an adopted container is judged by its live state, as runner's own are
+    plan = project.run("plan")
+    assert "is exited" in plan.out and "+ run" in plan.out, plan.text
+    theirs.start()
+    assert "nothing to do" in project.run("plan").out
+    _server(project, name, port, env="A: '2'")  # the spec moves on: the adopted container is replaced
+    plan = project.run("plan")
+    assert 'spec changed: env.A: "1" -> "2"' in plan.out, plan.text
+    assert project.run("apply").code == 0
+    replaced = docker_client.containers.get(name)
+    assert replaced.id != theirs.id and "runner.config-hash" in replaced.labels
+
+
+def test_a_container_that_does_not_match_is_adopted_only_by_force(project: Project, docker_client: Any) -> None:
+    name = _name(docker_client)
+    port = free_port()
+    theirs = _by_hand(docker_client, name, port, {"A": "other"})
+    _server(project, name, port)
+    refused = project.run("mark-done", "web")
+    assert refused.code == 1 and "does not match the spec: env.A: differs" in refused.text, refused.text
+    assert "other" not in refused.text  # env values are never shown
+    assert docker_client.containers.get(name).id == theirs.id
+    forced = project.run("apply", "--force", "web")
+    assert forced.code == 0, forced.text
+    assert docker_client.containers.get(name).id != theirs.id
+
+
+def test_labels_copied_by_hand_do_not_hide_a_different_container(project: Project, docker_client: Any) -> None:
+    """Drift is judged from the live configuration too, not from the labels alone (issue 18, item 4)."""
+    name = _name(docker_client)
+    port = free_port()
+    _server(project, name, port)
+    assert project.run("apply").code == 0
+    ours = docker_client.containers.get(name)
+    labels = dict(ours.labels)
+    ours.remove(force=True)
+    _by_hand(docker_client, name, port, {"A": "changed by hand"}, labels)  # runner's labels, another env
+    plan = project.run("plan")
+    assert "live configuration differs from its labels: env.A: differs" in plan.out, plan.text
+    assert project.run("apply").code == 0
+    assert "A=1" in docker_client.containers.get(name).attrs["Config"]["Env"]

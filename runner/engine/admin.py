@@ -7,6 +7,7 @@ import json
 from collections.abc import Iterator
 from glob import escape as glob_escape
 from pathlib import Path
+from typing import Any
 
 from runner.engine.plan import Planning
 from runner.engine.prepare import Prepared
@@ -187,8 +188,16 @@ class Admin(Planning, Scheduling):
             else:
                 preps = [self._prepare_through(target)]
                 items = None
+            adopted: dict[str, dict[str, Any]] = {}
             for prep in preps:
                 assert prep is not None
+                try:
+                    outputs = prep.instance.adopt(prep.ctx)
+                except StepError as exc:
+                    raise StepError(f"{prep.key}: not marked done: {self.masker.mask(exc.message)}") from None
+                if outputs is not None:
+                    adopted[prep.key] = outputs
+                    continue
                 found = self._probe(prep)
                 if found.status != "ok":
                     raise StepError(
@@ -205,6 +214,7 @@ class Admin(Planning, Scheduling):
                     upstream=prep.upstream,
                     when=now(),
                     run=self.run_id,
+                    outputs=self.masker.mask_data(adopted[prep.key]) if prep.key in adopted else None,  # type: ignore[arg-type]
                 )
                 self.state.replace(prep.key, marked.to_dict())
             if items is not None:

@@ -203,6 +203,7 @@ class Preparing(EngineBase):
             stored_secrets=self.secrets.get(record_name),
             notice=self.reporter.notice,
             digest=self.secrets.keyed_digest,
+            forced=step.name in self.options.force or record_name in self.options.force,
         )
         dumped = spec.model_dump(mode="json")
         spec_data = (
