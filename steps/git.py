@@ -20,6 +20,8 @@ Outputs: `commit`, `path`, `branch` (empty when detached).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import re
 import shutil
@@ -33,6 +35,7 @@ from pydantic import Field
 from steps._support import faults
 from steps._support.gitdir import git_dir, head, origin_url, same_url
 from steps._support.process import run_process
+from steps._support.supervise import start_time
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
 
 HEX = re.compile(r"^[0-9a-f]{7,40}$")
@@ -227,9 +230,16 @@ class GitStep(StepKind[GitSpec]):
     def _clone_fresh(self, ctx: StepContext, dest: Path) -> None:
         spec = self.spec
         dest.parent.mkdir(parents=True, exist_ok=True)
-        for stale in dest.parent.glob(f".{dest.name}.runner-clone-*"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp = dest.parent / f".{dest.name}.runner-clone-{os.getpid()}"
+        for other in dest.parent.glob(f".{dest.name}.runner-clone-*"):
+            owner = _clone_owner(other.name.rsplit(".runner-clone-", 1)[1])
+            if owner is None:  # left by a run that died: only a dead process's temporaries are removed
+                shutil.rmtree(other, ignore_errors=True)
+            elif owner != os.getpid():
+                raise StepError(
+                    f"{dest} is being cloned by another apply (pid {owner}, into {other.name})",
+                    hint="let it finish, then run apply again; two pipelines should not clone into one directory",
+                )
+        tmp = dest.parent / f".{dest.name}.runner-clone-{os.getpid()}-{start_time(os.getpid())}"
         ref = spec.ref
         by_name = ref is not None and not HEX.match(ref.lower())
 
@@ -255,9 +265,18 @@ class GitStep(StepKind[GitSpec]):
                     lambda: self._git(ctx, ["submodule", "update", "--init", "--recursive"], tmp, network=True),
                 )
             if dest.is_dir():
-                dest.rmdir()  # an empty directory stood in the way
+                with contextlib.suppress(OSError):
+                    dest.rmdir()  # an empty directory stood in the way
             faults.point("git-cloned")
-            os.rename(tmp, dest)
+            try:
+                os.rename(tmp, dest)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                    raise
+                raise StepError(
+                    f"{dest} appeared while this step cloned into {tmp.name} (another apply or tool made it)",
+                    hint="run apply again: it checks what is there now",
+                ) from None
         finally:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -417,3 +436,16 @@ def _last_error(text: str) -> str:
     errors = [line for line in lines if line.lower().startswith(("fatal:", "error:"))]
     chosen = errors[-1] if errors else (lines[-1] if lines else "no output")
     return chosen.strip()
+
+
+def _clone_owner(suffix: str) -> int | None:
+    """The live process a temporary clone belongs to (its name ends in PID-STARTTIME), or None when that
+    process is gone (or the name is of an older runner, PID alone, and the pid is not running)."""
+    pid_text, _, began = suffix.partition("-")
+    if not pid_text.isdigit():
+        return None
+    pid = int(pid_text)
+    now = start_time(pid)
+    if now is None or (began and now != began):
+        return None
+    return pid

@@ -197,3 +197,28 @@ def test_clone_progress_reaches_the_event_stream(project: Project, upstream: Ups
     assert any(e["done"] == e["total"] for e in progress)
     log = next((project.path / ".runner" / "logs").glob("*/src.log")).read_text()
     assert "Receiving objects:  1%" not in log  # the overwritten updates stay out of the log
+
+
+def test_a_clone_in_progress_by_another_apply_is_left_alone(project: Project, upstream: Upstream) -> None:
+    """Two applies cloning into one dest (issue 18, item 4): the second used to delete the first's unfinished
+    temporary clone (any `.DEST.runner-clone-*`, whatever its pid). Now a live process's temporary is left and
+    the step says who is cloning; one whose process is gone is cleaned up."""
+    import subprocess
+
+    from steps._support.supervise import start_time
+
+    other = subprocess.Popen(["sleep", "300"])
+    try:
+        theirs = project.path / f".src.runner-clone-{other.pid}-{start_time(other.pid)}"
+        theirs.mkdir()
+        (theirs / "half").write_text("in progress")
+        _pipeline(project, upstream.url, "v2")
+        busy = project.run("apply")
+        assert busy.code == 1 and f"being cloned by another apply (pid {other.pid}" in busy.text, busy.text
+        assert (theirs / "half").exists()
+    finally:
+        other.kill()
+        other.wait()
+    done = project.run("apply")  # its process is gone: the temporary is a leftover now
+    assert done.code == 0, done.text
+    assert not theirs.exists() and (project.path / "src" / "README").read_text() == "two\n"
