@@ -224,3 +224,39 @@ def test_a_job_file_edited_by_hand_never_signals_another_program(jobs: Project) 
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_a_step_removed_from_the_pipeline_is_still_seen_stopped_and_forgotten(jobs: Project) -> None:
+    """A detached launch deleted from the pipeline (issue 18, item 3): it used to keep running with apply and
+    status silent and `runner stop` answering "no step named". Its record is listed, its job can be stopped,
+    `down` reaches it, and `forget` drops the record."""
+    _train(jobs)
+    assert jobs.run("apply").code == 0
+    _wait_for(lambda: "child_pid" in _job(jobs))
+    job = _job(jobs)
+    jobs.write("steps:\n  - name: other\n    run: 'true'\n")
+    plan = jobs.run("plan")
+    assert "train (launch) was removed from the pipeline" in plan.text and f"stop pid {job['pid']}" in plan.text
+    assert "runner stop train" in plan.text, plan.text
+    applied = jobs.run("apply")
+    assert applied.code == 0 and "train (launch) was removed from the pipeline" in applied.text, applied.text
+    status = jobs.run("status")
+    assert "removed from the pipeline" in status.out and "train" in status.out, status.text
+    stopped = jobs.run("stop", "train")
+    assert stopped.code == 0 and "stopped pid" in stopped.out, stopped.text
+    _wait_for(lambda: not _alive(job["child_pid"]))
+    plan = jobs.run("plan")
+    assert "(nothing of it runs): `runner forget train`" in plan.text, plan.text
+    assert jobs.run("forget", "train").code == 0
+    assert "removed from the pipeline" not in jobs.run("plan").text
+
+
+def test_down_reaches_a_removed_steps_job(jobs: Project) -> None:
+    _train(jobs)
+    assert jobs.run("apply").code == 0
+    _wait_for(lambda: "child_pid" in _job(jobs))
+    job = _job(jobs)
+    jobs.write("steps:\n  - name: other\n    run: 'true'\n")
+    down = jobs.run("down")
+    assert down.code == 0 and "(removed from the pipeline)" in down.out, down.text
+    _wait_for(lambda: not _alive(job["child_pid"]))

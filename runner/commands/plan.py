@@ -14,4 +14,6 @@ def run(args: argparse.Namespace) -> int:
     reporter.run_started(pipeline.name, str(args.file), [s.name for s in pipeline.steps], "plan")
     decisions = engine.plan()
     reporter.plan(decisions)
+    for line in engine.removal_notices():
+        reporter.notice(line)
     return EXIT_PENDING if any(d.action in PENDING for d in decisions) else EXIT_OK

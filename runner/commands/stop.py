@@ -12,7 +12,9 @@ def run(args: argparse.Namespace) -> int:
     from steps.base import StepError
 
     engine, _, _ = open_engine(args)
-    check_step(engine, args.step)
+    engine.load_state()
+    if engine.removed_named(args.step) is None:  # a step removed from the pipeline can still be stopped, forgotten
+        check_step(engine, args.step)
     try:
         print(f"{args.step}: {engine.stop(args.step)}")
     except StepError as exc:

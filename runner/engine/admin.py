@@ -243,6 +243,16 @@ class Admin(Planning, Scheduling):
                 except InputError as exc:
                     preps.append((name, None, f"left as it is: cannot render it ({self.masker.mask(str(exc))})"))
             said: list[tuple[str, str, bool]] = []
+            for gone in self.removed():  # steps deleted from the pipeline first: nothing of the pipeline needs them
+                if gone.instance is None or gone.ctx is None:
+                    continue
+                try:
+                    text = gone.instance.teardown(gone.ctx, purge, dry_run)
+                except (StepError, OSError) as exc:
+                    said.append((gone.name, self.masker.mask(getattr(exc, "message", None) or str(exc)), True))
+                    continue
+                if text:
+                    said.append((gone.name, self.masker.mask(text) + " (removed from the pipeline)", False))
             for key, prep, problem in reversed(preps):
                 if prep is None:
                     if problem:
@@ -278,6 +288,11 @@ class Admin(Planning, Scheduling):
         """Stop what a step started (a detached job). Raises StepError when there is nothing to stop."""
         with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
             self.load_state()
+            gone = self.removed_named(name) if name.split("[", 1)[0] not in self.graph.names else None
+            if gone is not None:
+                if gone.instance is None or gone.ctx is None:
+                    raise StepError(f"{name} was removed from the pipeline and its record says too little to stop it")
+                return self.masker.mask(gone.instance.stop(gone.ctx))
             prep = self._prepare_through(name)
             return self.masker.mask(prep.instance.stop(prep.ctx))
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from runner.decide import decide, to_observe
-from runner.engine.prepare import Prepared, Preparing
+from runner.engine.prepare import Prepared, Removals
 from runner.events import Decision
 from runner.fingerprint import spec_changes
 from runner.record import STARTED, StepRecord
@@ -11,7 +11,7 @@ from steps._support import sweep
 from steps.base import Probe, StepError
 
 
-class Deciding(Preparing):
+class Deciding(Removals):
     """Looks at what runner.decide asks for (changes, live work, the probe) and decides."""
 
     def _left_running(self, key: str, record: StepRecord) -> list[sweep.Leftover]:

@@ -236,3 +236,70 @@ def item_key(value: Any) -> str:
         return text
     readable = re.sub(r"[^A-Za-z0-9_.:@+-]+", "-", text)[:40].strip("-")
     return f"{readable or 'item'}-{digest(text)[-8:]}"
+
+
+@dataclass
+class RemovedStep:
+    """A record whose step is no longer in the pipeline, and what of it may still run (a detached job, a
+    container), as its kind's teardown would say it."""
+
+    name: str
+    kind: str
+    instance: StepKind[Any] | None
+    ctx: StepContext | None
+    live: str | None
+
+
+class Removals(Preparing):
+    """Records of steps deleted from the pipeline: listed by plan and status, stoppable, reached by down."""
+
+    def removed(self) -> list[RemovedStep]:
+        names = set(self.graph.names)
+        found = []
+        for key, data in list(self.state.steps.items()):
+            if key.split("[", 1)[0] in names:
+                continue
+            record = StepRecord.of(data)
+            if record is not None:
+                found.append(self._removed_one(key, record))
+        return found
+
+    def removed_named(self, name: str) -> RemovedStep | None:
+        return next((r for r in self.removed() if r.name == name), None)
+
+    def _removed_one(self, key: str, record: StepRecord) -> RemovedStep:
+        try:
+            cls = kind_class(record.kind)
+            instance = cls(cls.Spec.model_validate(record.spec or {}))
+        except Exception:  # noqa: BLE001 - an unknown kind or a spec of an older runner: nothing to look at
+            return RemovedStep(key, record.kind or "?", None, None, None)
+        ctx = StepContext(
+            name=key,
+            pipeline_dir=self.pipeline.dir,
+            state_dir=self.pipeline.state_dir,
+            env=dict(os.environ),
+            exported={},
+            record_outputs=record.outputs,
+            mask=self.masker.mask,
+            notice=self.reporter.notice,
+            digest=self.secrets.keyed_digest,
+        )
+        try:
+            live = instance.teardown(ctx, purge=False, dry_run=True)
+        except Exception:  # noqa: BLE001 - what cannot be looked at is said as unknown
+            live = None
+        return RemovedStep(key, record.kind, instance, ctx, self.masker.mask(live) if live else None)
+
+    def removal_notices(self) -> list[str]:
+        """One line per removed step's record, for plan and apply."""
+        lines = []
+        for gone in self.removed():
+            head = f"{gone.name} ({gone.kind}) was removed from the pipeline; its record is kept"
+            if gone.live:
+                lines.append(
+                    f"{head} and what it runs is still there (`runner down` {gone.live}): `runner stop {gone.name}` "
+                    f"stops it, `runner forget {gone.name}` drops the record"
+                )
+            else:
+                lines.append(f"{head} (nothing of it runs): `runner forget {gone.name}` drops it")
+        return lines

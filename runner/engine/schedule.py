@@ -30,6 +30,8 @@ class Scheduling(Executing):
     def apply(self) -> list[Result]:
         with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
             self.load_state()
+            for line in self.removal_notices():
+                self.reporter.notice(line)
             self.secrets.ensure_digest_key()
             self.holding.clear()
             check_writable(self.pipeline.state_dir)
