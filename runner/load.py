@@ -22,7 +22,8 @@ from runner.model import COMMON_FIELDS, TOP_LEVEL_FIELDS, Pipeline, PipelineHead
 from steps import KINDS, kind_class
 from steps._support.words import is_template
 
-MAX_NODES = 100_000  # an alias bomb ("billion laughs") stops here
+MAX_NODES = 100_000  # values aliases may add (an alias bomb, "billion laughs", stops here); a plain file is
+# bounded by MAX_BYTES alone
 MAX_DEPTH = 60
 MAX_BYTES = 10 * 1024 * 1024
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -35,8 +36,12 @@ _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 def _construct(node: yaml.Node, path: Path_, data: MarkedData, depth: int) -> Any:
     data.count += 1
-    if data.count > MAX_NODES:
-        raise data.error(path, f"the document expands to more than {MAX_NODES} values (YAML aliases?)")
+    if id(node) in data.seen:
+        data.expanded += 1
+        if data.expanded > MAX_NODES:
+            raise data.error(path, f"YAML aliases expand the document by more than {MAX_NODES} values")
+    else:
+        data.seen.add(id(node))
     if depth > MAX_DEPTH:
         raise data.error(path, f"nested more than {MAX_DEPTH} levels deep")
     data.values[path] = (node.start_mark.line + 1, node.start_mark.column + 1)

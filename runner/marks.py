@@ -18,6 +18,8 @@ class MarkedData:
         self.values: dict[Path_, Mark] = {}
         self.keys: dict[Path_, Mark] = {}
         self.count = 0
+        self.seen: set[int] = set()  # the YAML nodes met once: meeting one again is an alias's expansion
+        self.expanded = 0
         self.constructor = yaml.constructor.SafeConstructor()
 
     def mark(self, path: Path_, key: bool = False) -> Mark | None:

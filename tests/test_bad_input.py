@@ -121,7 +121,7 @@ def test_alias_bomb_is_refused(project: Project) -> None:
     )
     result = project.run("validate", timeout=30)
     assert result.code == 2, result.text
-    assert "expands to more than" in result.err
+    assert "YAML aliases expand the document by more than" in result.err
 
 
 def test_undefined_output_at_run_time_names_step_and_field(project: Project) -> None:

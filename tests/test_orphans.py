@@ -103,15 +103,15 @@ def test_what_a_crash_left_running_is_reported_and_stopped_by_the_next_apply(
     left = sleeps_in(project.path)
     assert len(left) == 4, left  # the crash really left them (setsid'd, double-forked, all re-parented)
 
-    plan = project.run("plan")
-    assert "4 process(es) it started still running, stopped before it runs again" in plan.out, plan.text
+    plan = project.run("plan")  # the four sleeps and their shell
+    assert "5 process(es) it started still running, stopped before it runs again" in plan.out, plan.text
     assert "sleep 777" in plan.out
     assert set(left) == set(sleeps_in(project.path)), "plan only looks"
 
     (project.path / "again").touch()
     again = project.run("apply")
     assert again.code == 0, again.text
-    assert "had left 4 process(es) running; stopped them before running it again" in again.text, again.text
+    assert "had left 5 process(es) running; stopped them before running it again" in again.text, again.text
     assert not set(left) & set(sleeps_in(project.path))
 
 

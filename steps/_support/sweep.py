@@ -162,13 +162,14 @@ class Guardian:
         self._held: set[str] = set()
         self._broken = False
 
-    def hold(self, tag: str) -> None:
+    def hold(self, tag: str) -> bool:
+        """True when a guardian watches the tag (False: it could not be started, or died)."""
         with self._lock:
-            if tag in self._held:
-                return
-            self._held.add(tag)
-            if not self._broken:
-                self._send(f"+{tag}\n")
+            if tag not in self._held:
+                self._held.add(tag)
+                if not self._broken:
+                    self._send(f"+{tag}\n")
+            return not self._broken
 
     def holds(self, tag: str) -> bool:
         with self._lock:
