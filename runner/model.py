@@ -126,7 +126,7 @@ class Pipeline:
     by_name: dict[str, StepDecl] = field(default_factory=dict, compare=False)
     not_secret: frozenset[str] = frozenset()
 
-    @property
+    @functools.cached_property
     def dir(self) -> Path:
         return self.file.resolve().parent
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -70,10 +71,15 @@ class Preparing(EngineBase):
                 merged.update(self.exports[other])
         return merged
 
+    @functools.cached_property
+    def _environ(self) -> dict[str, str]:
+        """runner's environment, read once (os.environ decodes every key and value at each read)."""
+        return dict(os.environ)
+
     def _context(self, step: StepDecl, exported: dict[str, str], item: Item | None = None) -> dict[str, Any]:
         context: dict[str, Any] = {
             "vars": self.pipeline.vars,
-            "env": EnvView({**os.environ, **exported}),
+            "env": EnvView({**self._environ, **exported}),
             "facts": self.facts,
             "steps": {name: Outputs(name, self.outputs[name]) for name in step.refs if name in self.outputs},
         }
@@ -191,7 +197,7 @@ class Preparing(EngineBase):
             name=record_name,
             pipeline_dir=self.pipeline.dir,
             state_dir=self.pipeline.state_dir,
-            env={**os.environ, **exported},
+            env={**self._environ, **exported},
             exported=exported,
             timeout=step.common.timeout,
             log_path=log_path,
