@@ -158,6 +158,9 @@ class StepKind(Generic[SpecT]):
     exports_env: ClassVar[bool] = False
     # False for checks: a run that passes reports `ok`, not `changed`.
     changes_system: ClassVar[bool] = True
+    # Its probe reads only this machine (files, a cache): the scheduler may look at it in its own thread even
+    # with -j N, so an up-to-date step costs no hand-over (a probe over the network stays on a worker).
+    local_probe: ClassVar[bool] = False
     # The outputs `{{ steps.NAME.x }}` may name, checked at load time; None: not fixed (an env step's).
     outputs: ClassVar[frozenset[str] | None] = None
 

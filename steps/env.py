@@ -54,6 +54,7 @@ def write_env_file(path: Path, variables: dict[str, str]) -> None:
 
 
 class EnvStep(StepKind[EnvSpec]):
+    local_probe = True
     kind = "env"
     Spec = EnvSpec
     exports_env = True

@@ -80,6 +80,7 @@ def _is_network(exc: BaseException) -> bool:
 
 
 class GitStep(StepKind[GitSpec]):
+    local_probe = True
     kind = "git"
     Spec = GitSpec
     outputs = frozenset({"commit", "path", "branch"})

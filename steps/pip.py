@@ -207,6 +207,7 @@ class PipSpec(SpecModel):
 
 
 class PipStep(StepKind[PipSpec]):
+    local_probe = True
     kind = "pip"
     Spec = PipSpec
     outputs = frozenset({"versions", "python"})

@@ -64,6 +64,7 @@ class RunSpec(SpecModel):
 
 
 class RunStep(StepKind[RunSpec]):
+    local_probe = True
     kind = "run"
     Spec = RunSpec
     outputs = frozenset({"stdout", "rc", "cwd"})

@@ -33,6 +33,7 @@ class SecretSpec(SpecModel):
 
 
 class SecretStep(StepKind[SecretSpec]):
+    local_probe = True
     kind = "secret"
     Spec = SecretSpec
     outputs = frozenset({"value"})

@@ -41,6 +41,16 @@ class Executing(Deciding):
         started = time.monotonic()
         if step.common.for_each is not None:
             return self._run_each(step, log_dir, started)
+        looked = self._look(name, log_dir, started)
+        if isinstance(looked, Result):
+            return looked
+        return self._execute(*looked)
+
+    def _look(self, name: str, log_dir: Path, started: float) -> Result | tuple[Prepared, Decision, float, Path]:
+        """A step's decision, and its result when it need not run (up to date, skipped, blocked, failed to
+        render); else what `_execute` needs. The scheduler calls it in its own thread for steps whose looking is
+        local (no network), so a converged step costs no hand-over to a worker."""
+        step = self.pipeline.step(name)
         log_path = log_dir / f"{name}.log"
         try:
             prep = self.prepare(step, log_path)
@@ -60,7 +70,7 @@ class Executing(Deciding):
             result = Result(name, decision.action, decision.reason, time.monotonic() - started, outputs=kept)
             self.reporter.step_finished(result)
             return result
-        return self._execute(prep, decision, started, log_path)
+        return prep, decision, started, log_path
 
     def _not_looked_at(self, name: str, exc: StepError, started: float, prefix: str = "") -> Result:
         interrupted = self.cancel.is_set()

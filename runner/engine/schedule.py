@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FuturesTimeout
@@ -18,6 +19,7 @@ from runner.engine.base import Interrupted
 from runner.engine.execute import Executing
 from runner.events import Result
 from runner.state import check_writable, pipeline_lock
+from steps import kind_class
 from steps._support import sweep
 
 RUN_ID = re.compile(r"\d{8}-\d{6}-\d+")  # as EngineBase makes them: 20261203-234843-5193
@@ -90,6 +92,17 @@ class Scheduling(Executing):
                         continue
                     if name not in selected:
                         finish(name, self._unselected(name))
+                        continue
+                    step = self.pipeline.step(name)
+                    if step.common.for_each is None and (jobs == 1 or kind_class(step.kind).local_probe):
+                        # looked at here: a step that is up to date costs no hand-over to a worker
+                        looked = self._look(name, log_dir, time.monotonic())
+                        if isinstance(looked, Result):
+                            finish(name, looked)
+                            if looked.status in ("failed", "interrupted") and not self.options.keep_going:
+                                stop = True
+                            continue
+                        running[executor.submit(self._execute, *looked)] = name
                         continue
                     running[executor.submit(self._run_one, name, log_dir)] = name
                 if not running:
