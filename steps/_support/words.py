@@ -13,7 +13,7 @@ TEMPLATE_MARKERS = ("{{", "{%", "{#")
 
 def is_template(value: Any) -> bool:
     """Whether a value is a string that needs rendering (checked again once rendered)."""
-    return isinstance(value, str) and any(marker in value for marker in TEMPLATE_MARKERS)
+    return isinstance(value, str) and "{" in value and ("{{" in value or "{%" in value or "{#" in value)
 
 
 def argv_of(command: str | list[str]) -> list[str]:
