@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _watch_hwm(pid: int, peak: list[float]) -> threading.Thread:
+def watch_hwm(pid: int, peak: list[float]) -> threading.Thread:
     """Runner's own high-water mark of resident memory (VmHWM, MiB), read every 20 ms until it exits: wait4's
     ru_maxrss would count the pages of the process it was forked from."""
 
@@ -91,7 +91,7 @@ def run_case(work: Path, command: str, expected: int, *, terminal: bool, verbose
         reader = threading.Thread(target=drain_pipe, daemon=True)
         reader.start()
     peak = [0.0]
-    watcher = _watch_hwm(proc.pid, peak)
+    watcher = watch_hwm(proc.pid, peak)
     proc.wait()
     watcher.join(timeout=5)
     wall = time.perf_counter() - started

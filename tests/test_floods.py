@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import threading
-import time
 from pathlib import Path
 
 from conftest import Project
 
+from bench.output import watch_hwm
 from runner.secrets import MASK
 
 # clear the screen, set the terminal's title, move the cursor, a C1 CSI, a bell; then bytes that are not UTF-8
@@ -31,26 +30,6 @@ def _log(project: Project, step: str = "noisy") -> bytes:
     return logs[-1].read_bytes()
 
 
-def _watch_hwm(pid: int, peak: list[float]) -> threading.Thread:
-    """Runner's own high-water mark of resident memory (VmHWM, MiB), read every 20 ms until it exits: wait4's
-    ru_maxrss would count the pages of the process it was forked from."""
-
-    def watch() -> None:
-        while True:
-            try:
-                with open(f"/proc/{pid}/status", encoding="ascii") as fh:
-                    for line in fh:
-                        if line.startswith("VmHWM:"):
-                            peak[0] = max(peak[0], int(line.split()[1]) / 1024)
-            except OSError:
-                return
-            time.sleep(0.02)
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
-
-
 def _apply_measured(project: Project, *args: str) -> tuple[int, bytes, float]:
     """apply's exit code, its output (stdout and stderr) and runner's peak RSS in MiB."""
     out_path = project.path / "apply.out"
@@ -59,7 +38,7 @@ def _apply_measured(project: Project, *args: str) -> tuple[int, bytes, float]:
             project.argv("apply", *args), cwd=project.path, env=project.env(), stdout=out, stderr=subprocess.STDOUT
         )
         peak = [0.0]
-        watcher = _watch_hwm(proc.pid, peak)
+        watcher = watch_hwm(proc.pid, peak)
         proc.wait(timeout=300)
         watcher.join(timeout=5)
     return proc.returncode, out_path.read_bytes(), peak[0]
