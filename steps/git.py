@@ -305,10 +305,11 @@ class GitStep(StepKind[GitSpec]):
         try:
             url = repo.remotes.origin.url if "origin" in [r.name for r in repo.remotes] else None
             if not same_url(url, self._url(ctx)):
-                if not spec.force:
+                if not (spec.force or ctx.forced):
                     raise StepError(
-                        f"{dest} is a clone of {url}, not {self._url(ctx)}",
-                        hint="fix `url`, move the directory away, or set `force: true` to repoint origin",
+                        f"{dest} is a clone of {url}, not {self._url(ctx)}: runner does not take it over",
+                        hint=f"fix `url`, move the directory away, or `runner apply --force {ctx.name}` (or "
+                        "`force: true`) to repoint its origin and check out the step's ref",
                     )
                 if url is None:
                     repo.create_remote("origin", self._url(ctx))

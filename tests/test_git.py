@@ -134,6 +134,11 @@ def test_dest_not_a_clone_and_wrong_origin(project: Project, upstream: Upstream,
     _pipeline(project, upstream.url, "v1")
     wrong = project.run("apply")
     assert wrong.code == 1 and f"is a clone of {other.url}, not {upstream.url}" in wrong.out
+    assert "runner apply --force src" in wrong.out
+    # the explicit way to take it over (issue 18, item 2): --force repoints origin and checks out the ref
+    forced = project.run("apply", "--force", "src")
+    assert forced.code == 0, forced.text
+    assert _head(project.path / "src") == git("rev-parse", "v1^{commit}", cwd=upstream.work)
 
 
 def test_git_daemon_clone_and_cut_transfer(project: Project, tmp_path: Path) -> None:
