@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib
 import json
 import os
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # runner makes many small objects and few cycles: the default collector (a collection every 700 allocations,
+    # a full one every 70,000) took 1.4 s of a 3.7 s converged apply of 10,000 steps
+    gc.set_threshold(50_000, 20, 100)
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:
