@@ -141,3 +141,14 @@ def test_undefined_output_at_run_time_names_step_and_field(project: Project) -> 
     assert "pipeline.yaml:5:20: steps[1] (b).run.command" in result.out
     assert "step 'a' has no output 'nothing' (its outputs: X" in result.out
     assert "Traceback" not in result.text
+
+
+def test_a_plain_file_of_20000_steps_is_not_taken_for_an_alias_bomb(project: Project) -> None:
+    """The alias guard counts what aliases add, not a plain file's size (issue 18, item 1): 20,000 steps (about
+    100,000 values) used to be refused with "the document expands to more than 100000 values"."""
+    lines = ["name: big", "steps:"]
+    for i in range(20_000):
+        lines += [f"  - name: s{i}", '    run: {command: ["true"]}']
+    project.write("\n".join(lines) + "\n")
+    result = project.run("validate", timeout=120)
+    assert result.code == 0 and "(20000 steps)" in result.out, result.text
