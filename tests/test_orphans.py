@@ -179,3 +179,23 @@ def test_three_ctrl_c_stop_a_stubborn_step_and_record_it(project: Project, no_sl
     assert not sleeps_in(project.path)
     status = project.run("status")
     assert "interrupted" in status.out and "started" not in status.out.split("\n", 1)[1], status.text
+
+
+def test_a_daemon_that_keeps_the_steps_output_does_not_hold_the_run(project: Project, no_sleeps_left: None) -> None:
+    """A child in a session of its own that keeps writing to the step's stdout: the step ends when its command
+    does (once nothing has come for half a second; it used to wait 5 s and show the daemon's lines as the step's),
+    and what the daemon writes while the run goes on is drained, never blocking it, and not shown."""
+    project.write(
+        """
+        name: chatty_daemon
+        steps:
+          - name: start
+            run: "setsid sh -c 'sleep 0.8; while :; do echo tick-late; sleep 0.05; done' & echo started"
+          - name: after
+            run: "sleep 7792 & sleep 1.5; kill $!; echo after"
+        """
+    )
+    done = project.run("apply", "-v")
+    assert done.code == 0, done.text
+    assert "started" in done.out and "tick-late" not in done.out, done.out
+    assert "after" in done.out

@@ -169,7 +169,13 @@ def run_process(
             if left:
                 count, shown = sweep.describe(left, ctx.mask)
                 ctx.notice(f"{ctx.name}: stopped {count} it had left running: {shown}")
-        reader.join(timeout=5)
+        # EOF comes when every writer is gone; a child that left the group (a daemon) may hold the pipe for good:
+        # then stop waiting once nothing has come for half a second (up to 5 s), and drop what it writes later
+        ended = time.monotonic()
+        while reader.is_alive() and time.monotonic() - ended < 5:
+            reader.join(0.05)
+            if time.monotonic() - max(output.last_read, ended) > 0.5:
+                break
         output.close()
         if output.log_error:
             ctx.notice(f"{ctx.name}: its log {ctx.log_path} could not be written ({output.log_error})")
@@ -216,26 +222,34 @@ class _Output:
         self.part_size = 0
         self.parts = 0
         self.partial = ""  # the start of a line longer than LONG_LINE, as shown (its rest is not shown again)
+        self.last_read = 0.0  # when the last chunk came (monotonic)
+        self.lock = threading.Lock()  # the reader thread's processing against close() from the step's thread
+        self.done = False
         self.long = 0  # characters of that line so far
 
     def pump(self, stream: Any) -> None:
         pending = b""
         for chunk in iter(lambda: stream.read1(CHUNK), b""):
-            pending = pending + chunk if pending else chunk
-            cut = _line_boundary(pending)
-            if cut:
-                self._block(pending[:cut])
-                pending = pending[cut:]
-            elif len(pending) > LONG_LINE:
-                text = pending.decode("utf-8", "surrogateescape")
-                at = self.ctx.mask_cut(text, len(text) - CHUNK)
-                if at <= 0:
+            self.last_read = time.monotonic()
+            with self.lock:
+                if self.done:  # the step is over; a daemon it left still writes here: drained, never blocked
                     continue
-                head = text[:at].encode("utf-8", "surrogateescape")
-                self._block(head, ended=False)
-                pending = pending[len(head) :]
-        if pending:
-            self._block(pending)
+                pending = pending + chunk if pending else chunk
+                cut = _line_boundary(pending)
+                if cut:
+                    self._block(pending[:cut])
+                    pending = pending[cut:]
+                elif len(pending) > LONG_LINE:
+                    text = pending.decode("utf-8", "surrogateescape")
+                    at = self.ctx.mask_cut(text, len(text) - CHUNK)
+                    if at <= 0:
+                        continue
+                    head = text[:at].encode("utf-8", "surrogateescape")
+                    self._block(head, ended=False)
+                    pending = pending[len(head) :]
+        with self.lock:
+            if pending and not self.done:
+                self._block(pending)
 
     def _block(self, raw: bytes, ended: bool = True) -> None:
         masked = self.ctx.mask(raw.decode("utf-8", "surrogateescape"))
@@ -297,7 +311,7 @@ class _Output:
                 self._keep_tail(data)
         except OSError as exc:  # a full disk: the output still reaches the tail and the terminal
             self.log_error = exc.strerror or str(exc)
-            self.close()
+            self._close_log()
 
     def _keep_tail(self, data: bytes) -> None:
         """Past the head of a capped log: the last part of the output, in two rotating files beside the log
@@ -351,6 +365,11 @@ class _Output:
             os.unlink(path)
 
     def close(self) -> None:
+        with self.lock:
+            self.done = True
+            self._close_log()
+
+    def _close_log(self) -> None:
         if self.log is not None:
             if self.part is not None:
                 try:
