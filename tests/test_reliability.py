@@ -351,3 +351,24 @@ def test_slices_and_base64_of_a_secret_are_masked(project: Project) -> None:
         for leak in leaks:
             assert leak not in text, f"{leak!r} in the {where}"
     assert logs.count("********") >= 5, logs
+
+
+def test_a_step_log_that_cannot_be_opened_leaves_the_command_run_and_said(tmp_path: Path) -> None:
+    """A log path that cannot be opened (here a link, refused by O_NOFOLLOW): the command still runs, its
+    output reaches the tail, the link's target is never written, and a notice says so. (The log used to be
+    opened after the process had started, and a failure left the child running with nobody reading it.)"""
+    from steps._support.process import run_process
+    from steps.base import StepContext
+
+    target = tmp_path / "elsewhere.txt"
+    link = tmp_path / "step.log"
+    link.symlink_to(target)
+    notices: list[str] = []
+    ctx = StepContext(
+        name="x", pipeline_dir=tmp_path, state_dir=tmp_path, env=dict(os.environ), exported={}, log_path=link,
+        notice=notices.append,
+    )  # fmt: skip
+    result = run_process(["sh", "-c", "echo hello"], ctx)
+    assert result.returncode == 0 and result.tail == ["hello"]
+    assert not target.exists()
+    assert len(notices) == 1 and "could not be written" in notices[0], notices

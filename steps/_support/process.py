@@ -83,7 +83,8 @@ def run_process(
     """Run argv, streaming its merged output to the step's log and ``ctx.on_output``.
 
     A line ended by a carriage return alone is a progress update that the next one overwrites (git's
-    "Receiving objects: 45%"): it goes to ``on_transient`` only, not to the log, the tail or the output.
+    "Receiving objects: 45%"): the log keeps it, as every byte; it goes to ``on_transient``, not to the tail or
+    the output.
 
     The child gets its own session (process group), so a timeout or an interrupt stops it and everything it
     started. What it starts carries the step's tag (`ctx.process_tag`), so what leaves the group is found too:
@@ -96,6 +97,14 @@ def run_process(
         child_env = dict(os.environ) if child_env is None else child_env
         child_env[sweep.VARIABLE] = ctx.process_tag
         guarded = sweep.GUARDIAN.hold(ctx.process_tag)
+    # the log first: a log that cannot be opened is said at the end, and the output still reaches the tail
+    log, log_error = None, ""
+    if ctx.log_path:
+        try:
+            log = _open_log(ctx.log_path)
+        except OSError as exc:
+            log_error = exc.strerror or str(exc)
+    output = _Output(ctx, log, on_transient, log_error)
     try:
         proc = subprocess.Popen(
             list(argv),
@@ -109,30 +118,9 @@ def run_process(
             # PR_SET_PDEATHSIG, whose preexec_fn costs a full fork (no vfork: 8 ms a step instead of 1)
             preexec_fn=_die_with_parent if not guarded and _prctl() is not None else None,  # noqa: PLW1509
         )
-    except FileNotFoundError as exc:
-        missing = exc.filename or argv[0]
-        if cwd is not None and not cwd.is_dir():
-            raise StepError(f"working directory does not exist: {cwd}") from None
-        raise StepError(
-            f"command not found: {missing}", hint="check the spelling, or install it, or use a full path"
-        ) from None
-    except PermissionError:
-        raise StepError(f"permission denied running: {argv[0]}") from None
-    except ValueError as exc:  # a NUL byte in an argument or the environment
-        raise StepError(
-            f"the command holds a NUL byte, which no program can be given ({exc})",
-            hint='in a YAML double-quoted string "\\0" is a NUL: write "\\\\0" for a backslash and a zero',
-        ) from None
-
-    try:
-        log = _open_log(ctx.log_path) if ctx.log_path else None
-    except OSError as exc:
-        log, log_error = None, exc.strerror or str(exc)
-    else:
-        log_error = ""
-    output = _Output(ctx, log, on_transient)
-    if log_error:
-        output.log_error = log_error
+    except (OSError, ValueError) as exc:
+        output.close()
+        raise _not_started(exc, argv, cwd) from None
 
     def read() -> None:
         assert proc.stdout is not None
@@ -185,12 +173,26 @@ def run_process(
     return Completed(proc.returncode, "".join(output.captured), tail)
 
 
+def _not_started(exc: OSError | ValueError, argv: Sequence[str], cwd: Path | None) -> Exception:
+    """Why the program could not be started, as a StepError where runner can say it better than the system."""
+    if isinstance(exc, FileNotFoundError):
+        if cwd is not None and not cwd.is_dir():
+            return StepError(f"working directory does not exist: {cwd}")
+        missing = exc.filename or argv[0]
+        return StepError(f"command not found: {missing}", hint="check the spelling, or install it, or use a full path")
+    if isinstance(exc, PermissionError):
+        return StepError(f"permission denied running: {argv[0]}")
+    if isinstance(exc, ValueError):  # a NUL byte in an argument or the environment
+        return StepError(
+            f"the command holds a NUL byte, which no program can be given ({exc})",
+            hint='in a YAML double-quoted string "\\0" is a NUL: write "\\\\0" for a backslash and a zero',
+        )
+    return exc
+
+
 def _open_log(path: Path) -> int:
     """A step log, appended to, never through a symbolic link (O_NOFOLLOW), 0600 as the rest of .runner/."""
-    try:
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        raise StepError(f"cannot open the step log {path}: {exc.strerror}") from None
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
 
 
 CHUNK = 1 << 16
@@ -205,10 +207,12 @@ class _Output:
     characters; the reporters make control characters visible), a carriage-return progress update to
     `on_transient` only. Memory stays bounded whatever comes: a line with no end is passed on in parts."""
 
-    def __init__(self, ctx: StepContext, log: int | None, on_transient: Callable[[str], None] | None) -> None:
+    def __init__(
+        self, ctx: StepContext, log: int | None, on_transient: Callable[[str], None] | None, log_error: str = ""
+    ) -> None:
         self.ctx = ctx
         self.log = log
-        self.log_error = ""
+        self.log_error = log_error
         self.on_transient = on_transient
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.captured: list[str] = []
@@ -221,11 +225,11 @@ class _Output:
         self.part: int | None = None  # the rotating file of the log's tail, past the head
         self.part_size = 0
         self.parts = 0
-        self.partial = ""  # the start of a line longer than LONG_LINE, as shown (its rest is not shown again)
+        self.long = 0  # characters so far of a line longer than LONG_LINE (shown once, at its start)
+        self.shows = True  # False once the display failed: the output is still drained and logged
         self.last_read = 0.0  # when the last chunk came (monotonic)
         self.lock = threading.Lock()  # the reader thread's processing against close() from the step's thread
         self.done = False
-        self.long = 0  # characters of that line so far
 
     def pump(self, stream: Any) -> None:
         pending = b""
@@ -275,8 +279,7 @@ class _Output:
             first = not self.long
             self.long += len(piece)
             if first:
-                self.partial = piece[:SHOWN]
-                self._show(f"{self.partial} ... (a line longer than {LONG_LINE // 1024} KiB: the log has it whole)")
+                self._show(f"{piece[:SHOWN]} ... (a line longer than {LONG_LINE // 1024} KiB: the log has it whole)")
             self._capture(piece + ("\n" if ended else ""))
             if ended:
                 self.long = 0
@@ -286,10 +289,12 @@ class _Output:
 
     def _show(self, line: str) -> None:
         self.tail.append(line)
+        if not self.shows:
+            return
         try:
             self.ctx.on_output(line)
         except Exception:  # noqa: BLE001 - whatever befalls the display, the output is drained and logged
-            self.ctx.on_output = lambda line: None
+            self.shows = False
 
     def _capture(self, text: str) -> None:
         if self.captured_size < STDOUT_LIMIT:
@@ -353,16 +358,22 @@ class _Output:
         )
         if left_out:
             _write_all(self.log, note.encode())
-        for path, skip in ((older, -from_older), (self._part_path(self.parts), 0)):
-            if path is None:
-                continue
-            with open(path, "rb") as fh:
-                if skip:
-                    fh.seek(skip, os.SEEK_END)
-                if skip or path != older:
-                    for chunk in iter(lambda: fh.read(1 << 20), b""):
-                        _write_all(self.log, chunk)
-            os.unlink(path)
+        if older:
+            if from_older:
+                self._append_from(older, -from_older)
+            os.unlink(older)
+        current = self._part_path(self.parts)
+        self._append_from(current, 0)
+        os.unlink(current)
+
+    def _append_from(self, path: str, offset: int) -> None:
+        """Copy a part into the log: all of it, or its last -offset bytes."""
+        assert self.log is not None
+        with open(path, "rb") as fh:
+            if offset:
+                fh.seek(offset, os.SEEK_END)
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                _write_all(self.log, chunk)
 
     def close(self) -> None:
         with self.lock:
