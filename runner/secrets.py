@@ -116,8 +116,8 @@ class Masker:
             return
         folded = text.lower()
         with self._lock:
-            values = list(self._values)
-        if any(folded in value.lower() for value in values):
+            values = list(self._values)  # each secret's lower-case form is among them
+        if any(folded in value for value in values):
             self.add(text)
 
     def add_data(self, value: object) -> list[str]:

@@ -370,7 +370,8 @@ class DockerStep(StepKind[DockerSpec]):
 
     def _live_changes(self, ctx: StepContext, client: docker.DockerClient, container: Container) -> list[str]:
         """How the running container differs from the spec, read from its live configuration (what `docker
-        inspect` shows), for the fields that make it what it is. Env values are never shown."""
+        inspect` shows), for the fields that make it what it is. Env values are never shown, and what is shown is
+        masked."""
         docker = sdk()
 
         spec = self.spec
@@ -389,7 +390,7 @@ class DockerStep(StepKind[DockerSpec]):
             if want is not None:
                 argv = shlex.split(want) if isinstance(want, str) else list(want)
                 if list(live or []) != argv:
-                    changes.append(f"{field}: {ctx.mask(json.dumps(live))} -> {ctx.mask(json.dumps(argv))}")
+                    changes.append(f"{field}: {json.dumps(live)} -> {json.dumps(argv)}")
         env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
         for key, value in sorted(spec.env.items()):
             if key not in env:
@@ -432,7 +433,7 @@ class DockerStep(StepKind[DockerSpec]):
         for key, value in sorted(spec.labels.items()):
             if labels.get(key) != value:
                 changes.append(f"labels.{key}: {labels.get(key)!r} -> {value!r}")
-        return changes
+        return [ctx.mask(change) for change in changes]
 
     def _masked_config(self, ctx: StepContext) -> dict[str, Any]:
         masked: dict[str, Any] = json.loads(ctx.mask(json.dumps(self.config(ctx))))

@@ -10,7 +10,7 @@ from runner.commands import EXIT_OK, check_step, open_engine
 def run(args: argparse.Namespace) -> int:
     engine, _, _ = open_engine(args)
     engine.load_state()
-    if engine.removed_named(args.step) is None:  # a step removed from the pipeline can still be stopped, forgotten
+    if not engine.is_removed(args.step):  # a step removed from the pipeline can still be stopped, forgotten
         check_step(engine, args.step)
     existed = engine.forget(args.step)
     print(f"{args.step}: forgotten; it runs on the next apply" if existed else f"{args.step}: had no record")

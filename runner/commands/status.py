@@ -17,7 +17,8 @@ def run(args: argparse.Namespace) -> int:
         decisions = {d.name: d for d in engine.plan()}
     except InputError:
         decisions = {}
-    width = max(len(n) for n in [*engine.graph.names, *(r.name for r in engine.removed())])
+    removed = engine.removed()
+    width = max(len(n) for n in [*engine.graph.names, *(r.name for r in removed)])
     print(f"{'STEP':<{width}}  {'KIND':<7} {'LAST':<11} {'FINISHED':<19} {'TOOK':>7}  UP TO DATE")
     for step in pipeline.steps:
         rec = engine.record(step.name)
@@ -34,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
             current = f"no: {d.reason}"
         finished = iso(rec.finished if rec else None)
         print(f"{step.name:<{width}}  {step.kind:<7} {last:<11} {finished:<19} {took:>7}  {current}")
-    for gone in engine.removed():
+    for gone in removed:
         rec = engine.record(gone.name)
         last = (rec.status or "-") if rec else "-"
         finished = iso(rec.finished if rec else None)

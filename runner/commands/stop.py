@@ -13,7 +13,7 @@ def run(args: argparse.Namespace) -> int:
 
     engine, _, _ = open_engine(args)
     engine.load_state()
-    if engine.removed_named(args.step) is None:  # a step removed from the pipeline can still be stopped, forgotten
+    if not engine.is_removed(args.step):  # a step removed from the pipeline can still be stopped, forgotten
         check_step(engine, args.step)
     try:
         print(f"{args.step}: {engine.stop(args.step)}")

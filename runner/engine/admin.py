@@ -18,7 +18,7 @@ from runner.model import StepDecl
 from runner.record import StepRecord
 from runner.state import iso, lock_holder, now, pipeline_lock
 from steps import kind_class
-from steps.base import StepError
+from steps.base import StepContext, StepError, StepKind
 
 
 class Admin(Planning, Scheduling):
@@ -214,7 +214,7 @@ class Admin(Planning, Scheduling):
                     upstream=prep.upstream,
                     when=now(),
                     run=self.run_id,
-                    outputs=self.masker.mask_data(adopted[prep.key]) if prep.key in adopted else None,  # type: ignore[arg-type]
+                    outputs=self._masked(adopted[prep.key]) if prep.key in adopted else None,
                 )
                 self.state.replace(prep.key, marked.to_dict())
             if items is not None:
@@ -222,6 +222,11 @@ class Admin(Planning, Scheduling):
                 self._gather(step, items, kept, True, 0.0)
             self.state.compact()
             return f"{len(preps)} item(s)" if items is not None else target
+
+    def _masked(self, outputs: dict[str, Any]) -> dict[str, Any]:
+        masked = self.masker.mask_data(outputs)
+        assert isinstance(masked, dict)
+        return masked
 
     def down(self, purge: bool, dry_run: bool) -> list[tuple[str, str, bool]]:
         """`runner down`: each step's teardown, dependents first (containers removed, detached and Ray jobs
@@ -244,30 +249,14 @@ class Admin(Planning, Scheduling):
                     preps.append((name, None, f"left as it is: cannot render it ({self.masker.mask(str(exc))})"))
             said: list[tuple[str, str, bool]] = []
             for gone in self.removed():  # steps deleted from the pipeline first: nothing of the pipeline needs them
-                if gone.instance is None or gone.ctx is None:
-                    continue
-                try:
-                    text = gone.instance.teardown(gone.ctx, purge, dry_run)
-                except (StepError, OSError) as exc:
-                    said.append((gone.name, self.masker.mask(getattr(exc, "message", None) or str(exc)), True))
-                    continue
-                if text:
-                    said.append((gone.name, self.masker.mask(text) + " (removed from the pipeline)", False))
+                if gone.instance is not None and gone.ctx is not None:
+                    done = self._teardown(gone.name, gone.instance, gone.ctx, purge, dry_run)
+                    said += [(key, f"{text} (removed from the pipeline)", bad) for key, text, bad in done]
             for key, prep, problem in reversed(preps):
-                if prep is None:
-                    if problem:
-                        said.append((key, problem, True))
-                    continue
-                try:
-                    text = prep.instance.teardown(prep.ctx, purge, dry_run)
-                except StepError as exc:
-                    said.append((key, self.masker.mask(exc.message), True))
-                    continue
-                except OSError as exc:
-                    said.append((key, self.masker.mask(f"{exc.strerror or exc} ({exc.filename or ''})"), True))
-                    continue
-                if text:
-                    said.append((key, self.masker.mask(text), False))
+                if prep is not None:
+                    said += self._teardown(key, prep.instance, prep.ctx, purge, dry_run)
+                elif problem:
+                    said.append((key, problem, True))
             records = len(self.state.steps)
             if any(failed for _, _, failed in said) or dry_run:
                 if dry_run and records:
@@ -283,6 +272,18 @@ class Admin(Planning, Scheduling):
             if records:
                 said.append(("(state)", f"dropped {records} record(s), the secrets and env.sh", False))
             return said
+
+    def _teardown(
+        self, key: str, instance: StepKind[Any], ctx: StepContext, purge: bool, dry_run: bool
+    ) -> list[tuple[str, str, bool]]:
+        """One step's teardown for `down`, in words: (step, what was done, failed), or nothing to say."""
+        try:
+            text = instance.teardown(ctx, purge, dry_run)
+        except StepError as exc:
+            return [(key, self.masker.mask(exc.message), True)]
+        except OSError as exc:
+            return [(key, self.masker.mask(f"{exc.strerror or exc} ({exc.filename or ''})"), True)]
+        return [(key, self.masker.mask(text), False)] if text else []
 
     def stop(self, name: str) -> str:
         """Stop what a step started (a detached job). Raises StepError when there is nothing to stop."""

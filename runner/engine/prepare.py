@@ -259,19 +259,28 @@ class RemovedStep:
 class Removals(Preparing):
     """Records of steps deleted from the pipeline: listed by plan and status, stoppable, reached by down."""
 
-    def removed(self) -> list[RemovedStep]:
-        names = set(self.graph.names)
-        found = []
+    def _removed_records(self) -> dict[str, StepRecord]:
+        """The records whose step (or, for an item, whose for_each step) is not in the pipeline."""
+        names = self.graph.names
+        found = {}
         for key, data in list(self.state.steps.items()):
-            if key.split("[", 1)[0] in names:
-                continue
-            record = StepRecord.of(data)
-            if record is not None:
-                found.append(self._removed_one(key, record))
+            if key.split("[", 1)[0] not in names:
+                record = StepRecord.of(data)
+                if record is not None:
+                    found[key] = record
         return found
 
+    def removed(self) -> list[RemovedStep]:
+        """Each removed step's record, with what of it is still there (its kind's teardown, dry run)."""
+        return [self._removed_one(key, record) for key, record in self._removed_records().items()]
+
     def removed_named(self, name: str) -> RemovedStep | None:
-        return next((r for r in self.removed() if r.name == name), None)
+        record = self._removed_records().get(name)
+        return self._removed_one(name, record) if record is not None else None
+
+    def is_removed(self, name: str) -> bool:
+        """A name whose record remains from a step no longer in the pipeline (cheap: no look at what runs)."""
+        return name in self._removed_records()
 
     def _removed_one(self, key: str, record: StepRecord) -> RemovedStep:
         try:
@@ -283,7 +292,7 @@ class Removals(Preparing):
             name=key,
             pipeline_dir=self.pipeline.dir,
             state_dir=self.pipeline.state_dir,
-            env=dict(os.environ),
+            env=dict(self._environ),
             exported={},
             record_outputs=record.outputs,
             mask=self.masker.mask,
