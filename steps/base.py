@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 
 def _argv_words(value: Any) -> Any:
@@ -32,8 +32,19 @@ def _argv_words(value: Any) -> Any:
     return out
 
 
+def _no_nul(value: str | list[str]) -> str | list[str]:
+    r"""No program can be given a NUL byte; in YAML it comes from "\0" in a double-quoted string."""
+    for word in [value] if isinstance(value, str) else value:
+        if "\0" in word:
+            raise ValueError(
+                'holds a NUL byte, which no program can be given (in a YAML double-quoted string "\\0" is a NUL: '
+                'write "\\\\0" for a backslash and a zero)'
+            )
+    return value
+
+
 # A command: a string runs under `sh -c`; a list is the argv itself, its numbers and booleans taken as words.
-Command = Annotated[str | list[str], BeforeValidator(_argv_words)]
+Command = Annotated[str | list[str], BeforeValidator(_argv_words), AfterValidator(_no_nul)]
 
 
 class SpecModel(BaseModel):

@@ -152,3 +152,21 @@ def test_a_plain_file_of_20000_steps_is_not_taken_for_an_alias_bomb(project: Pro
     project.write("\n".join(lines) + "\n")
     result = project.run("validate", timeout=120)
     assert result.code == 0 and "(20000 steps)" in result.out, result.text
+
+
+def test_a_nul_byte_in_a_command_is_bad_input(project: Project) -> None:
+    """YAML's "\\0" in a double-quoted string is a NUL, which no program can be given: it used to reach the
+    process start as `internal error: ValueError: embedded null byte`."""
+    project.write(
+        r"""
+        name: nul
+        steps:
+          - name: a
+            run: {command: [echo, "a\0b"]}
+        """
+    )
+    for command in ("validate", "plan", "apply"):
+        result = project.run(command)
+        assert result.code == 2, result.text
+        assert "pipeline.yaml:4:" in result.err and "run.command" in result.err, result.err
+        assert "internal error" not in result.text and "holds a NUL byte" in result.err
