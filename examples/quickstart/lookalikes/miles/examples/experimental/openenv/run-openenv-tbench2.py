@@ -9,12 +9,15 @@ runs inside ``execute`` as upstream's does.
 
 Here ``execute`` runs no model: for each prompt row it makes the task's template and a sandbox through the e2b
 SDK (tb2_sandbox_e2b), runs the task's reference solution and tests there, kills the sandbox, and writes one
-reward per task to ``<output-dir>/rewards.jsonl``.
+reward per task to ``<output-dir>/rewards.jsonl``. The episodes run at once, as upstream's rollout generates a
+group's samples concurrently (miles/rollout/inference_rollout/inference_rollout_common.py: a semaphore of
+``sglang_server_concurrency`` and ``asyncio.gather``); their lines print in prompt order.
 """
 
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -59,8 +62,7 @@ def execute(args: ScriptArgs) -> None:
 
     tasks_dir = Path(extra_env_vars["OPENENV_TB2_TASKS_DIR"])
     rows = [json.loads(line) for line in Path(args.prompt_data).read_text(encoding="utf-8").splitlines() if line]
-    results = []
-    for row in rows:
+    def episode(row: dict) -> dict:
         task = load_task(tasks_dir, row["metadata"]["task_id"])
         started = time.monotonic()
         sandbox = E.create_task_sandbox(tasks_dir / task.task_id, timeout=args.sandbox_timeout)
@@ -72,8 +74,13 @@ def execute(args: ScriptArgs) -> None:
         if reward is None:
             raise SystemExit(f"{task.task_id}: the episode printed no reward:\n{run.stdout}{run.stderr}")
         seconds = round(time.monotonic() - started, 2)
-        results.append({"task_id": task.task_id, "reward": reward, "sandbox": sandbox.sandbox_id, "seconds": seconds})
-        print(f"{task.task_id:<24} reward {reward:g}  ({seconds}s in {sandbox.sandbox_id})", flush=True)
+        return {"task_id": task.task_id, "reward": reward, "sandbox": sandbox.sandbox_id, "seconds": seconds}
+
+    results = []
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(rows)))) as pool:
+        for result in pool.map(episode, rows):
+            results.append(result)
+            print(f"{result['task_id']:<24} reward {result['reward']:g}  ({result['seconds']}s in {result['sandbox']})", flush=True)
     out = Path(args.output_dir) / "rewards.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
