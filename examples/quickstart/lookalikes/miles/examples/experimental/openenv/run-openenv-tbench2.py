@@ -62,6 +62,7 @@ def execute(args: ScriptArgs) -> None:
 
     tasks_dir = Path(extra_env_vars["OPENENV_TB2_TASKS_DIR"])
     rows = [json.loads(line) for line in Path(args.prompt_data).read_text(encoding="utf-8").splitlines() if line]
+
     def episode(row: dict) -> dict:
         task = load_task(tasks_dir, row["metadata"]["task_id"])
         started = time.monotonic()
@@ -80,7 +81,8 @@ def execute(args: ScriptArgs) -> None:
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(rows)))) as pool:
         for result in pool.map(episode, rows):
             results.append(result)
-            print(f"{result['task_id']:<24} reward {result['reward']:g}  ({result['seconds']}s in {result['sandbox']})", flush=True)
+            line = f"{result['task_id']:<24} reward {result['reward']:g}"
+            print(f"{line}  ({result['seconds']}s in {result['sandbox']})", flush=True)
     out = Path(args.output_dir) / "rewards.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
