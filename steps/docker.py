@@ -44,6 +44,8 @@ from steps._support.docker_engine import (
     lost_connection,
     sdk,
 )
+from steps._support.docker_light import Engine as LightEngine
+from steps._support.docker_light import Unreadable, socket_path
 from steps._support.readiness import Readiness, wait_ready
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
@@ -259,34 +261,72 @@ class DockerStep(StepKind[DockerSpec]):
 
     def preview(self, ctx: StepContext) -> str | None:
         """For plan: a container of this name that another pipeline owns (apply refuses to replace it)."""
+        light = self._light(ctx)
         try:
-            with self._existing(ctx) as (_, container, address):
-                theirs = foreign_owner(ctx, container) if container is not None else None
-                mine = self._unowned(ctx, container, address) if container is not None and not ctx.forced else None
+            if light is not None:
+                address, _, container = light
+            else:
+                with self._existing(ctx) as (_, container, address):
+                    pass
         except StepError:
             return None  # the engine's own error is the probe's to tell
+        theirs = foreign_owner(ctx, container) if container is not None else None
+        mine = self._unowned(ctx, container, address) if container is not None and not ctx.forced else None
         if theirs:
             return f"{theirs}; {OWNER_HINT}"
         return f"{mine}; {unowned_hint(ctx.name)}" if mine else None
 
+    def _light(self, ctx: StepContext) -> tuple[str, LightEngine, Any] | None:
+        """(address, the engine, the container or None), read from a local engine with the standard library so
+        that a converged run does not import the SDK; None when the engine is not local or could not be read that
+        way (the SDK then asks again, and its errors name the engine)."""
+        address = engine_address(self.spec.host, ctx.env)
+        path = socket_path(address) if self.spec.tls is None else None
+        if path is None:
+            return None
+        engine = LightEngine(path)
+        try:
+            return address, engine, engine.container(self.spec.name)
+        except Unreadable:
+            return None
+
     def probe(self, ctx: StepContext) -> Probe:
+        light = self._light(ctx)
+        if light is not None:
+            address, engine, container = light
+            try:
+                return self._judge(ctx, engine, container, address)
+            except Unreadable:
+                pass
         with self._existing(ctx) as (client, container, address):
-            if container is None:
-                return Probe.missing(f"no container named {self.spec.name} on {address}")
-            theirs = foreign_owner(ctx, container) or self._unowned(ctx, container, address)
-            if theirs:
-                return Probe.missing(theirs)
-            drift = self._drift(ctx, client, container)
-            if drift:
-                return Probe.drift(drift[0], tuple(drift[1]))
-            return Probe.ok()
+            return self._judge(ctx, client, container, address)
 
-    def _drift(
-        self, ctx: StepContext, client: docker.DockerClient, container: Container
-    ) -> tuple[str, list[str]] | None:
-        """Why the container does not match the spec (reason, field changes), or None when it does."""
+    def _judge(self, ctx: StepContext, client: Any, container: Any, address: str) -> Probe:
+        """The probe's verdict on what the engine holds under the step's name (through the SDK or the light
+        reader: both give the inspect document as `attrs`)."""
+        if container is None:
+            return Probe.missing(f"no container named {self.spec.name} on {address}")
+        theirs = foreign_owner(ctx, container) or self._unowned(ctx, container, address)
+        if theirs:
+            return Probe.missing(theirs)
+        drift = self._drift(ctx, client, container)
+        if drift:
+            return Probe.drift(drift[0], tuple(drift[1]))
+        return Probe.ok()
+
+    @staticmethod
+    def _image_id(client: Any, name: str) -> str | None:
+        """The id `name` resolves to on the engine, or None when it has no such image."""
+        if isinstance(client, LightEngine):
+            return client.image_id(name)
         docker = sdk()
+        try:
+            return str(client.images.get(name).id)
+        except docker.errors.ImageNotFound:
+            return None
 
+    def _drift(self, ctx: StepContext, client: Any, container: Container) -> tuple[str, list[str]] | None:
+        """Why the container does not match the spec (reason, field changes), or None when it does."""
         labels = container.labels or {}
         if self._adopted(ctx, container):
             live = self._live_changes(ctx, client, container)
@@ -311,15 +351,14 @@ class DockerStep(StepKind[DockerSpec]):
         if container.status != "running":
             detail = f" (exit code {state.get('ExitCode')})" if container.status == "exited" else ""
             return f"container {container.name} is {container.status}{detail}, not running", []
-        try:
-            image = client.images.get(self.spec.image)
-        except docker.errors.ImageNotFound:
+        image_id = self._image_id(client, self.spec.image)
+        if image_id is None:
             return None  # the tag was removed locally; the container still runs what it was made from
-        if image.id != container.attrs.get("Image"):
+        if image_id != container.attrs.get("Image"):
             return (
-                f"image: {self.spec.image} now resolves to {image.id[:19]}, the container runs "
+                f"image: {self.spec.image} now resolves to {image_id[:19]}, the container runs "
                 f"{str(container.attrs.get('Image'))[:19]}",
-                [f"image: {str(container.attrs.get('Image'))[7:19]} -> {image.id[7:19]}"],
+                [f"image: {str(container.attrs.get('Image'))[7:19]} -> {image_id[7:19]}"],
             )
         return None
 
@@ -368,22 +407,17 @@ class DockerStep(StepKind[DockerSpec]):
                 "hostname": engine_hostname(address) or "localhost",
             }
 
-    def _live_changes(self, ctx: StepContext, client: docker.DockerClient, container: Container) -> list[str]:
+    def _live_changes(self, ctx: StepContext, client: Any, container: Container) -> list[str]:
         """How the running container differs from the spec, read from its live configuration (what `docker
         inspect` shows), for the fields that make it what it is. Env values are never shown, and what is shown is
         masked."""
-        docker = sdk()
-
         spec = self.spec
         config = container.attrs.get("Config") or {}
         host = container.attrs.get("HostConfig") or {}
         changes: list[str] = []
         if config.get("Image") != spec.image:
-            try:
-                same = client.images.get(spec.image).id == container.attrs.get("Image")
-            except docker.errors.ImageNotFound:
-                same = False
-            if not same:
+            found = self._image_id(client, spec.image)
+            if found is None or found != container.attrs.get("Image"):
                 changes.append(f"image: {config.get('Image')} -> {spec.image}")
         for field, live in (("command", config.get("Cmd")), ("entrypoint", config.get("Entrypoint"))):
             want = getattr(spec, field)

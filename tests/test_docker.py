@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -362,3 +364,46 @@ def test_labels_copied_by_hand_do_not_hide_a_different_container(project: Projec
     assert "live configuration differs from its labels: env.A: differs" in plan.out, plan.text
     assert project.run("apply").code == 0
     assert "A=1" in docker_client.containers.get(name).attrs["Config"]["Env"]
+
+
+def test_a_local_engine_is_read_without_the_sdk_and_judged_as_the_sdk_judges(
+    project: Project, docker_client: Any, docker_host: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A converged run reads a unix-socket engine with the standard library (steps/_support/docker_light.py); the
+    SDK reads the same engine when the address is written `http+unix://` (docker/utils/utils.py parse_host takes
+    it as unix). Both must come to the same plan in each state the container can be left in."""
+    if not docker_host.startswith("unix:///"):
+        pytest.skip("the engine is not on a local unix socket")
+    through_sdk = "http+unix://" + docker_host[len("unix://") :]
+    name = _name(docker_client)
+    port = free_port()
+    _server(project, name, port)
+    assert project.run("apply").code == 0
+
+    watch = (
+        "import atexit, runpy, sys\n"
+        "atexit.register(lambda: print('sdk imported' if 'docker' in sys.modules else 'no sdk', file=sys.stderr))\n"
+        "sys.argv = ['runner', 'apply']\n"
+        "runpy.run_module('runner', run_name='__main__')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", watch], cwd=project.path, env=project.env(), capture_output=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert b"ok       web" in proc.stdout and b"no sdk" in proc.stderr
+
+    def plans() -> list[tuple[int, str]]:
+        seen = []
+        for host in (docker_host, through_sdk):
+            monkeypatch.setenv("DOCKER_HOST", host)
+            result = project.run("plan")
+            seen.append((result.code, result.out.replace(host, "ENGINE")))
+        monkeypatch.setenv("DOCKER_HOST", docker_host)
+        return seen
+
+    converged = plans()
+    assert converged[0] == converged[1] and converged[0][0] == 0, converged
+    docker_client.containers.get(name).stop(timeout=1)
+    stopped = plans()
+    assert stopped[0] == stopped[1] and "not running" in stopped[0][1], stopped
+    docker_client.containers.get(name).remove(force=True)
+    gone = plans()
+    assert gone[0] == gone[1] and f"no container named {name} on ENGINE" in gone[0][1], gone
