@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from steps._support.installer import pip_settings
+from steps.pip import SIMPLE_REQUIREMENT
 from tests.conftest import Project
 from tests.wheels import make_project, make_wheel
 
@@ -339,3 +343,18 @@ def test_pip_settings_read_as_pip_reads_them(tmp_path: Path) -> None:
         assert ours.get(key) == theirs.get(key), (key, ours, listed)
     assert ours["index-url"] == "http://127.0.0.1:1/user" and ours["find-links"] == "/c"
     assert pip_settings({**env, "PIP_CONFIG_FILE": os.devnull}, str(venv)) == {"trusted-host": "127.0.0.1"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.from_regex(SIMPLE_REQUIREMENT, fullmatch=True))
+def test_what_is_taken_as_a_plain_requirement_packaging_accepts(line: str) -> None:
+    """The load skips packaging for requirements matching SIMPLE_REQUIREMENT: each must be one packaging parses,
+    with the same name (so the probe, which does use packaging, reads it as the load did)."""
+    from packaging.requirements import Requirement
+
+    assert Requirement(line).name == re.split(r"[\[<>=!~]", line, maxsplit=1)[0]
+
+
+@pytest.mark.parametrize("line", ["a~=1", "a==1.*", "a >=1", "a>=1.0a1", "a; python_version>'3'", "a @ file:///x"])
+def test_what_is_not_plain_goes_to_packaging(line: str) -> None:
+    assert not SIMPLE_REQUIREMENT.fullmatch(line)
