@@ -7,8 +7,6 @@ import os
 import time
 from pathlib import Path
 
-from tenacity import retry_if_exception_type, wait_fixed
-
 from runner.engine.observe import Deciding
 from runner.engine.prepare import Item, Prepared
 from runner.errors import InputError
@@ -20,7 +18,6 @@ from runner.state import now
 from runner.template import RenderError, render_string
 from steps import kind_class
 from steps._support import faults, sweep
-from steps._support.retry import retrying
 from steps._support.words import is_template
 from steps.base import StepError
 
@@ -228,6 +225,10 @@ class Executing(Deciding):
                 f"{name}: attempt {attempt} of {common.retries + 1} failed: "
                 f"{self.masker.mask(message)}; retrying in {common.retry_delay:g}s"
             )
+
+        from tenacity import retry_if_exception_type, wait_fixed  # only when a step runs: not on a converged run
+
+        from steps._support.retry import retrying
 
         retries = retrying(
             attempts=common.retries + 1,
