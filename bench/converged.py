@@ -506,6 +506,12 @@ def main() -> int:
         print(f"  converged quickstart imports e2b: {e2b or 'no'}; unused kinds: {unused or 'none'}")
         floor = [timed([PY, "-c", "pass"], qs) for _ in range(args.rounds)]
         table.add("floor: python -c pass", floor, "the interpreter's own start")
+        libraries = "import pydantic, yaml, jinja2; from pydantic import BaseModel"
+        table.add(
+            "floor: python -c 'import pydantic, yaml, jinja2'",
+            [timed([PY, "-c", libraries], qs) for _ in range(args.rounds)],
+            "what runner is built on, imported and nothing else",
+        )
     finally:
         subprocess.run(runner_argv("stop", "sandbox_server", *port), cwd=qs, capture_output=True)
 

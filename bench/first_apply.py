@@ -57,11 +57,36 @@ def free_port() -> int:
 # ---- the quickstart -------------------------------------------------------------------------------------
 
 
+def steps_critical_path(work: Path) -> tuple[float, list[str]]:
+    """The longest chain through the DAG by each step's own duration (the records' `duration`: from the start of
+    its apply to its end) and that chain: what a -j 4 first apply cannot beat, whatever runner does."""
+    import json
+
+    sys.path.insert(0, str(ROOT))
+    from runner.load import load_pipeline
+
+    pipeline = load_pipeline(work / "pipeline.yaml")
+    records = json.loads((work / ".runner" / "state.json").read_text())["steps"]
+    deps = {s.name: list(pipeline.graph.deps[s.name]) for s in pipeline.steps}
+    cost = {name: float(records.get(name, {}).get("duration") or 0.0) for name in deps}
+    done: dict[str, tuple[float, list[str]]] = {}
+
+    def finish(name: str) -> tuple[float, list[str]]:
+        if name not in done:
+            before = max((finish(d) for d in deps[name]), default=(0.0, []))
+            done[name] = (before[0] + cost[name], [*before[1], f"{name} {cost[name]:.2f}"])
+        return done[name]
+
+    return max(finish(n) for n in deps)
+
+
 def quickstart(base: Path, rounds: int) -> list[tuple[str, list[float], float | None]]:
     rows: list[tuple[str, list[float], float | None]] = []
     for installer in ("uv", "pip"):
         for jobs in ("1", "4"):
             times: list[float] = []
+            chains: list[float] = []
+            longest: list[str] = []
             for i in range(rounds):
                 work = base / f"qs-{installer}-{jobs}-{i}"
                 shutil.rmtree(work, ignore_errors=True)
@@ -75,6 +100,9 @@ def quickstart(base: Path, rounds: int) -> list[tuple[str, list[float], float | 
                 port = str(free_port())
                 try:
                     times.append(runner(work, "apply", "-j", jobs, "--var", f"port={port}"))
+                    if jobs == "4":
+                        chain, longest = steps_critical_path(work)
+                        chains.append(chain)
                 finally:
                     subprocess.run(
                         [sys.executable, "-m", "runner", "stop", "sandbox_server", "--var", f"port={port}"],
@@ -83,6 +111,11 @@ def quickstart(base: Path, rounds: int) -> list[tuple[str, list[float], float | 
                         capture_output=True,
                     )
             rows.append((f"quickstart first apply -j {jobs}, {installer}", times, 2.0 if installer == "uv" else None))
+            if chains:
+                rows.append((f"  its steps' own critical path ({installer})", chains, None))
+                share = [t - c for t, c in zip(times, chains, strict=True)]
+                rows.append((f"  runner's share: wall - that path ({installer})", share, None))
+                print(f"  quickstart, {installer}, -j 4: the longest chain of the last round: {' -> '.join(longest)}")
     return rows
 
 
