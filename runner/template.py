@@ -1,47 +1,37 @@
 """Jinja2 templates as Ansible users know them: sandboxed, StrictUndefined, `{{ }}`.
 
 Context: ``vars``, ``env``, ``facts`` and ``steps.<name>.<output>``. Strings without ``{{``/``{%`` are
-never parsed, so plain specs cost nothing.
+never parsed, so plain specs cost nothing. Templates of runner.simple_template's subset (dotted names, `quote`,
+`bool`, `x if y else z`) are rendered and checked there, without Jinja; everything else, and every error, goes
+through Jinja (runner.jinja_templates, imported when first needed).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import re
-import shlex
 import socket
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-import jinja2
-from jinja2 import nodes
-from jinja2.sandbox import SandboxedEnvironment
+from runner import simple_template as simple
+from runner.simple_template import MAX_ARGUMENT, MAX_RENDERED, TemplateLimit
 
 if TYPE_CHECKING:
+    from jinja2.sandbox import SandboxedEnvironment
+
     from runner.marks import MarkedData
     from runner.model import StepDecl
 
 from steps._support.interpreter import this_python
-from steps._support.words import TEMPLATE_MARKERS, TRUE_WORDS, is_template
+from steps._support.words import TEMPLATE_MARKERS, is_template
 
-__all__ = ["TEMPLATE_MARKERS", "is_template"]
+__all__ = ["MAX_ARGUMENT", "MAX_RENDERED", "TEMPLATE_MARKERS", "TemplateLimit", "is_template"]
 
 CONTEXT_NAMES = frozenset({"vars", "env", "facts", "steps"})
-
-
-def _quote(value: Any) -> str:
-    return shlex.quote(str(value))
-
-
-def _bool(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in TRUE_WORDS
-    return bool(value)
 
 
 def _ip_address(value: Any) -> bool:
@@ -63,61 +53,8 @@ class Outputs(dict[str, Any]):
         self.step = step
 
 
-class _Undefined(jinja2.StrictUndefined):
-    @property
-    def _undefined_message(self) -> str:
-        obj = self._undefined_obj
-        if isinstance(obj, Outputs):
-            have = ", ".join(sorted(obj)) or "none recorded"
-            return f"step {obj.step!r} has no output {self._undefined_name!r} (its outputs: {have})"
-        if self._undefined_hint is None and self._undefined_obj is jinja2.utils.missing:
-            return f"{self._undefined_name!r} is undefined"
-        return str(super()._undefined_message)
-
-
-MAX_RENDERED = 1_000_000  # characters one template may produce
 MAX_RENDER_SECONDS = 5.0  # time one template may take
 MAX_SEQUENCE = 100_000  # items or characters a `*` may make; the sandbox already caps range() there
-
-
-class TemplateLimit(Exception):
-    """A template went past a limit (size, time, repetition): it is refused, not run to exhaustion."""
-
-
-class _Environment(SandboxedEnvironment):
-    intercepted_binops = frozenset({"*", "**", "%"})
-
-    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
-        if operator == "%" and isinstance(left, str):
-            _check_call(None, (left,), {})
-        if operator == "*":
-            for seq, times in ((left, right), (right, left)):
-                if isinstance(seq, (str, list, tuple)) and isinstance(times, int) and len(seq) * times > MAX_SEQUENCE:
-                    raise TemplateLimit(f"`*` would make {len(seq) * times} items (the limit is {MAX_SEQUENCE})")
-        if operator == "**" and isinstance(right, int) and abs(right) > 1000:
-            raise TemplateLimit(f"`**` with an exponent of {right} is refused (the limit is 1000)")
-        return super().call_binop(context, operator, left, right)
-
-    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - Jinja's names
-        _check_call(__obj, args, kwargs)
-        return super().call(__context, __obj, *args, **kwargs)
-
-    def getattr(self, obj: Any, attribute: str) -> Any:
-        # Data first: `vars.items`, `env.keys`, `steps.x.items` are the var, variable or output of that name, not
-        # the dict method of that name (Jinja's default tries the attribute first).
-        if isinstance(obj, Mapping) and attribute in obj:
-            return obj[attribute]
-        if isinstance(obj, EnvView):
-            return obj.unset(self, attribute)
-        if isinstance(obj, str) and attribute in ("format", "format_map", "ljust", "rjust", "center", "zfill"):
-            _check_call(None, (obj,), {})
-        return super().getattr(obj, attribute)
-
-    def getitem(self, obj: Any, argument: Any) -> Any:
-        if isinstance(obj, EnvView) and isinstance(argument, str) and argument not in obj:
-            return obj.unset(self, argument)
-        return super().getitem(obj, argument)
-
 
 _parts = threading.local()
 
@@ -153,28 +90,6 @@ class EnvView(dict[str, str]):
         )
 
 
-@functools.lru_cache(maxsize=1)
-def environment() -> SandboxedEnvironment:
-    env = _Environment(undefined=_Undefined, autoescape=False, keep_trailing_newline=True, finalize=_finalize)
-    env.globals["range"] = _range
-    env.filters["quote"] = _quote
-    env.filters["bool"] = _bool
-    env.tests["ip_address"] = _ip_address
-    for name, function in list(env.filters.items()):
-        env.filters[name] = _checked(function)
-    return env
-
-
-@functools.lru_cache(maxsize=4096)
-def _compile(source: str) -> jinja2.Template:
-    return environment().from_string(source)
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse(source: str) -> nodes.Template:
-    return environment().parse(source)
-
-
 def when_source(when: str) -> str:
     """`when:` takes a template (`"{{ vars.x }}"`) or, as in Ansible, a bare expression (`vars.x`)."""
     return when if is_template(when) else "{{ (" + when + ") }}"
@@ -187,62 +102,25 @@ class RenderError(Exception):
         self.path = path
 
 
+class TemplateSyntax(Exception):
+    """Jinja could not parse a template (raised by template_names with Jinja's message)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 def render_string(source: str, context: Mapping[str, Any], path: tuple[str | int, ...] = ()) -> str:
     if not is_template(source):
         return source
-    with _render_errors(path):
-        return _bounded(_compile(source), context)
+    parts = simple.parse(source)
+    if parts is not None:
+        text = simple.render(parts, context, _finalize)
+        if text is not None:
+            return text
+    from runner import jinja_templates
 
-
-@contextlib.contextmanager
-def _render_errors(path: tuple[str | int, ...]) -> Iterator[None]:
-    """Whatever goes wrong while rendering becomes a RenderError naming the field."""
-    try:
-        yield
-    except TemplateLimit as exc:
-        raise RenderError(f"template refused: {exc}", path) from None
-    except jinja2.UndefinedError as exc:
-        raise RenderError(f"undefined in template: {exc.message}", path) from None
-    except jinja2.TemplateSyntaxError as exc:
-        raise RenderError(f"template syntax error: {exc.message}", path) from None
-    except jinja2.exceptions.SecurityError as exc:
-        raise RenderError(f"not allowed in a template: {exc}", path) from None
-    except (TypeError, ValueError, ZeroDivisionError, OverflowError, jinja2.TemplateError) as exc:
-        raise RenderError(f"template error: {exc}", path) from None
-    except RecursionError:
-        raise RenderError("template error: recursion too deep", path) from None
-
-
-MAX_ARGUMENT = 1_000_000  # the largest number a template may pass to a call (a width, a count)
-_HUGE_FORMAT = re.compile(r"\d{7,}")
-
-
-def _check_call(obj: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """Refuse calls that would build something enormous: `'x'.ljust(10**9)`, `center(10**9)`,
-    `'%999999999d' | format(1)`."""
-    values = [*args, *kwargs.values()]
-    if obj is _range:
-        return
-    for value in values:
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_ARGUMENT:
-            raise TemplateLimit(f"a call with the number {value} is refused (the limit is {MAX_ARGUMENT})")
-    owner = getattr(obj, "__self__", None)
-    texts = [v for v in values if isinstance(v, str)] + ([owner] if isinstance(owner, str) else [])
-    if any(_HUGE_FORMAT.search(t) for t in texts if "%" in t or "{" in t):
-        raise TemplateLimit("a format with a width of a million or more is refused")
-
-
-def _checked(function: Any) -> Any:
-    """A filter whose arguments pass _check_call first (filters do not go through the sandbox's call)."""
-
-    @functools.wraps(function)  # keeps Jinja's pass_context / pass_environment marks
-    def filtered(*args: Any, **kwargs: Any) -> Any:
-        _check_call(
-            function, tuple(a for a in args if not isinstance(a, (jinja2.runtime.Context, jinja2.Environment))), kwargs
-        )
-        return function(*args, **kwargs)
-
-    return filtered
+    return jinja_templates.render_string(source, context, path)
 
 
 MAX_ITERATIONS = 1_000_000  # range() items one render may ask for, nested loops included
@@ -257,22 +135,6 @@ def _range(*args: int) -> range:
         raise TemplateLimit(f"its loops ask for more than {MAX_ITERATIONS} iterations")
     _budget.left = left
     return made
-
-
-def _bounded(template: jinja2.Template, context: Mapping[str, Any]) -> str:
-    """Render, but stop a template that produces too much or takes too long (a loop that never ends)."""
-    _budget.left = MAX_ITERATIONS
-    started = time.monotonic()
-    size = 0
-    parts: list[str] = []
-    for part in template.generate(context):
-        size += len(part)
-        if size > MAX_RENDERED:
-            raise TemplateLimit(f"it renders to more than {MAX_RENDERED} characters")
-        if time.monotonic() - started > MAX_RENDER_SECONDS:
-            raise TemplateLimit(f"it ran for more than {MAX_RENDER_SECONDS:g}s")
-        parts.append(part)
-    return "".join(parts)
 
 
 def render_data(data: Any, context: Mapping[str, Any], path: tuple[str | int, ...] = ()) -> Any:
@@ -297,12 +159,33 @@ def render_value(source: Any, context: Mapping[str, Any], path: tuple[str | int,
     match = _WHOLE_EXPRESSION.match(source)
     if not match:
         return render_string(source, context, path)
-    with _render_errors(path):
-        _budget.left = MAX_ITERATIONS
-        value = environment().compile_expression(match.group("expr"), undefined_to_none=False)(**context)
-    if isinstance(value, jinja2.Undefined):
-        raise RenderError("undefined in template", path)
-    return value
+    expr = simple.parse_expression(match.group("expr"))
+    if expr is not None:
+        found, value = simple.value_of(expr, context)
+        if found:
+            return value
+    from runner import jinja_templates
+
+    return jinja_templates.render_expression(match.group("expr"), context, path)
+
+
+def template_names(source: str) -> tuple[frozenset[str], tuple[tuple[str, str, bool, str | None], ...]]:
+    """(undeclared top-level names, ((root, attr, guarded, next attr), ...)) used by a template: `steps.a.x`
+    gives ("steps", "a", False, "x"). TemplateSyntax when Jinja cannot parse it."""
+    parts = simple.parse(source)
+    if parts is not None:
+        return simple.names_used(parts)
+    from runner import jinja_templates
+
+    return jinja_templates.template_names(source)
+
+
+def _private_attributes(source: str) -> str | None:
+    if simple.parse(source) is not None:
+        return None  # the subset has no name that starts with _
+    from runner import jinja_templates
+
+    return jinja_templates.private_attributes(source)
 
 
 def iter_strings(data: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[tuple[str | int, ...], str]]:
@@ -317,78 +200,6 @@ def iter_strings(data: Any, path: tuple[str | int, ...] = ()) -> Iterator[tuple[
 
 
 # ---- static checks: which names a template uses -------------------------------------------------------
-
-
-def _attr_of(node: nodes.Node, root: str) -> str | None:
-    """For `root.x` or `root['x']`, the name x."""
-    if isinstance(node, nodes.Getattr) and isinstance(node.node, nodes.Name) and node.node.name == root:
-        return node.attr
-    if (
-        isinstance(node, nodes.Getitem)
-        and isinstance(node.node, nodes.Name)
-        and node.node.name == root
-        and isinstance(node.arg, nodes.Const)
-        and isinstance(node.arg.value, str)
-    ):
-        return node.arg.value
-    return None
-
-
-def _guarded(node: nodes.Node, parents: dict[int, nodes.Node]) -> bool:
-    """Inside `x | default(...)` or `x is defined`: a missing name is allowed there."""
-    parent = parents.get(id(node))
-    while parent is not None:
-        if isinstance(parent, nodes.Filter) and parent.name in {"default", "d"}:
-            return True
-        if isinstance(parent, nodes.Test) and parent.name in {"defined", "undefined", "none"}:
-            return True
-        if not isinstance(parent, (nodes.Getattr, nodes.Getitem)):
-            return False
-        parent = parents.get(id(parent))
-    return False
-
-
-@functools.lru_cache(maxsize=4096)
-def template_names(source: str) -> tuple[frozenset[str], tuple[tuple[str, str, bool, str | None], ...]]:
-    """(undeclared top-level names, ((root, attr, guarded, next attr), ...)) used by a template: `steps.a.x`
-    gives ("steps", "a", False, "x")."""
-    from jinja2 import meta
-
-    tree = _parse(source)
-    undeclared = frozenset(meta.find_undeclared_variables(tree))
-    parents: dict[int, nodes.Node] = {}
-    for parent in tree.find_all(nodes.Node):
-        for child in parent.iter_child_nodes():
-            parents[id(child)] = parent
-    uses: list[tuple[str, str, bool, str | None]] = []
-    for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
-        for root in ("vars", "steps", "env"):
-            attr = _attr_of(node, root)
-            if attr is not None:
-                uses.append((root, attr, _guarded(node, parents), _next_attr(node, parents)))
-    return undeclared, tuple(uses)
-
-
-def _next_attr(node: nodes.Node, parents: dict[int, nodes.Node]) -> str | None:
-    """For `steps.a.stdout` (or `steps.a['stdout']`), given the node of `steps.a`: "stdout"."""
-    parent = parents.get(id(node))
-    if isinstance(parent, nodes.Getattr) and parent.node is node:
-        return parent.attr
-    if isinstance(parent, nodes.Getitem) and parent.node is node and isinstance(parent.arg, nodes.Const):
-        value = parent.arg.value
-        return value if isinstance(value, str) else None
-    return None
-
-
-@functools.lru_cache(maxsize=4096)
-def _private_attributes(source: str) -> str | None:
-    """The first `x._name` or `x['_name']` in a template: the sandbox refuses them at render time; say so at load."""
-    tree = _parse(source)
-    for node in tree.find_all((nodes.Getattr, nodes.Getitem)):
-        name = node.attr if isinstance(node, nodes.Getattr) else getattr(getattr(node, "arg", None), "value", None)
-        if isinstance(name, str) and name.startswith("_"):
-            return name
-    return None
 
 
 def declared_outputs(step: StepDecl) -> frozenset[str] | None:
@@ -430,7 +241,7 @@ def check_templates(
             field = f"steps[{step.index}] ({step.name})." + ".".join(str(p) for p in path[2:])
             try:
                 undeclared, uses = template_names(source)
-            except jinja2.TemplateSyntaxError as exc:
+            except TemplateSyntax as exc:
                 raise marks.error(path, f"template syntax error: {exc.message} in {shown!r}", field=field) from None
             except RecursionError:
                 raise marks.error(path, "template nested too deeply", field=field) from None

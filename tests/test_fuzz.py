@@ -171,3 +171,115 @@ def test_any_text_as_a_template(source: str) -> None:
         render_string(source, CONTEXT)
     except RenderError:
         pass
+
+
+# ---- the subset renderer (runner.simple_template) against Jinja -------------------------------------------
+
+KEYS = ["a", "b", "path", "items", "keys", "x_1", "port"]
+leaf_values = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**7), 10**7),
+    st.sampled_from(["", "true", "yes", "off", "0", "it's", 'a "q"', "a b", "$(x)", "ünï"]),
+    st.text(max_size=8),
+)
+values = st.recursive(
+    leaf_values,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(KEYS), inner, max_size=4),
+    max_leaves=12,
+)
+contexts = st.fixed_dictionaries(
+    {
+        "vars": st.dictionaries(st.sampled_from(KEYS), values, max_size=5),
+        "steps": st.dictionaries(st.sampled_from(KEYS), st.dictionaries(st.sampled_from(KEYS), values, max_size=4)),
+        "item": values,
+    }
+)
+space = st.sampled_from(["", " ", "  ", "\n", "\t"])
+paths = st.builds(
+    lambda root, rest: ".".join([root, *rest]),
+    st.sampled_from(["vars", "steps", "item", "env", "facts2"]),
+    st.lists(st.sampled_from(KEYS), max_size=3),
+)
+constants = st.sampled_from(["''", "'--n 8'", '"x y"', "'it'", '"a\'b"'])
+
+
+def _expressions(depth: int = 2) -> st.SearchStrategy[str]:
+    primary = paths | constants
+    if depth > 0:
+        primary = primary | _expressions(depth - 1).map(lambda e: f"({e})")
+    piped = st.builds(
+        lambda p, filters, s: p + "".join(f"{s}|{s}{f}" for f in filters),
+        primary,
+        st.lists(st.sampled_from(["quote", "bool"]), max_size=2),
+        space,
+    )
+    cond = st.builds(lambda a, b, c, s: f"{a}{s} if {b} else{s} {c}", piped, piped, piped, space)
+    return piped | cond
+
+
+expressions = _expressions()
+texts = st.text(alphabet="ab \n:/-=$'\"", max_size=6)
+templates = st.builds(
+    lambda pieces, tail: "".join(pieces) + tail,
+    st.lists(st.builds(lambda t, s1, e, s2: f"{t}{{{{{s1}{e}{s2}}}}}", texts, space, expressions, space), max_size=3),
+    texts,
+)
+
+
+def _by_jinja(source: str, context: dict[str, Any]) -> tuple[str, list[str]]:
+    from runner import jinja_templates
+    from runner.template import secret_parts
+
+    seen: list[str] = []
+    try:
+        with secret_parts(seen.append):
+            return jinja_templates.render_string(source, context), seen
+    except RenderError as exc:
+        return f"error: {exc.message}", seen
+
+
+@FUZZ
+@given(templates, contexts)
+def test_the_subset_renders_as_jinja_renders(source: str, context: dict[str, Any]) -> None:
+    """Each template of the subset renders to what Jinja renders, with the same values handed to the secret
+    collector; where the subset gives up, Jinja decides (the result is then Jinja's by construction)."""
+    from runner import simple_template
+    from runner.template import _finalize, secret_parts
+
+    parts = simple_template.parse(source)
+    expected, expected_seen = _by_jinja(source, context)
+    if parts is None:
+        return
+    seen: list[str] = []
+    with secret_parts(seen.append):
+        fast = simple_template.render(parts, context, _finalize)
+    if fast is not None:
+        assert fast == expected, (source, context)
+        assert seen == expected_seen, (source, context)
+    assert render_string(source, context) == expected if not expected.startswith("error: ") else True
+
+
+@FUZZ
+@given(expressions, contexts)
+def test_a_whole_expression_keeps_its_value_as_in_jinja(expr: str, context: dict[str, Any]) -> None:
+    from runner import jinja_templates, simple_template
+
+    parsed = simple_template.parse_expression(expr)
+    if parsed is None:
+        return
+    found, value = simple_template.value_of(parsed, context)
+    if found:
+        assert value == jinja_templates.render_expression(expr, context), (expr, context)
+
+
+@FUZZ
+@given(templates)
+def test_the_subset_reads_the_names_jinja_reads(source: str) -> None:
+    """check_templates' view of a template (its top-level names, and each vars./steps./env. use with the attribute
+    after it, in Jinja's order) is the same from the subset's tree as from Jinja's."""
+    from runner import jinja_templates, simple_template
+
+    parts = simple_template.parse(source)
+    if parts is not None:
+        assert simple_template.names_used(parts) == jinja_templates.template_names(source), source
