@@ -128,7 +128,18 @@ def install(base: Path, rounds: int) -> list[tuple[str, list[float], float | Non
         print(f"fetching the wheels of {', '.join(TBENCH2_REQUIREMENTS)} into {wheels} (once, not timed)", flush=True)
         wheels.mkdir(parents=True, exist_ok=True)
         subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "-d", str(wheels), *TBENCH2_REQUIREMENTS, "setuptools"],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "-d",
+                str(wheels),
+                *TBENCH2_REQUIREMENTS,
+                "setuptools",
+                "wheel",
+            ],
             check=True,
         )
         (wheels / ".complete").touch()
@@ -241,6 +252,8 @@ def main() -> int:
     base = Path(args.dir)
     base.mkdir(parents=True, exist_ok=True)
     skip = set(filter(None, args.skip.split(",")))
+    if os.environ.pop("PYTHONDONTWRITEBYTECODE", None) is not None:
+        print("PYTHONDONTWRITEBYTECODE was set: unset for every timed run (bytecode written, as on a user's machine)")
     rows: list[tuple[str, list[float], float | None]] = []
     for name, section in (("quickstart", quickstart), ("install", install), ("dag", dag)):
         if name not in skip:
