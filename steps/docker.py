@@ -16,8 +16,10 @@ Example::
 The container carries a label with the hash of the fields that need a recreate (canonical and versioned, like
 docker compose's config-hash) and one with those fields themselves (secrets masked), so a probe can say which
 field drifted. Probe: the container exists, runs, carries the hash of this spec, and runs the image the name
-resolves to now (locally: a converged apply never pulls). Apply: pull when needed, stop and remove a drifted
-container, create, start, wait until ready. A stopped container is recreated; one that matches is left alone.
+resolves to now (locally: a converged apply never pulls). A local engine (`unix://`) is read for the probe with
+two plain API requests over its socket, without the docker SDK; other engines, and anything unexpected, go
+through the SDK. Apply: pull when needed, stop and remove a drifted container, create, start, wait until ready.
+A stopped container is recreated; one that matches is left alone.
 """
 
 from __future__ import annotations

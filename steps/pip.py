@@ -20,10 +20,11 @@ it (`python -m venv --without-pip`, 0.1 s instead of 3 s); add `pip` to `package
 
 The probe asks the interpreter once (one process, shared by every pip step on it in a run) what is
 installed, and checks each requirement with `packaging`: name, version specifier, markers, extras, and for an
-editable install the source path it points at. A converged apply never runs `pip install`, and neither does
-a first apply that finds everything already satisfied. A requirements file's content, and an editable
-project's pyproject.toml / setup.cfg / setup.py, are part of the fingerprint. Outputs: `versions` (name ->
-version) and `python`.
+editable install the source path it points at; a verdict of "satisfied" is kept beside what is installed, so a
+converged probe (nothing changed on the interpreter's path) checks nothing. A converged apply never runs an
+installer, and neither does a first apply that finds everything already satisfied. A requirements file's
+content, and an editable project's pyproject.toml / setup.cfg / setup.py, are part of the fingerprint.
+Outputs: `versions` (name -> version) and `python`.
 """
 
 # Over 500 lines, on purpose: the interpreter query (a script run in the target interpreter), its cache and the
