@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+import steps.base  # noqa: F401 - before the first model: it keeps pydantic from scanning for plugins
+
 if TYPE_CHECKING:
     from runner.graph import Graph
     from runner.marks import MarkedData

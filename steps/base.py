@@ -17,6 +17,22 @@ from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 
+def _without_pydantic_plugins() -> None:
+    """runner's own models are not for third-party pydantic plugins, which pydantic finds by reading the entry
+    points of every installed distribution when the first model is built (8 ms of every run): its plugin list is
+    set to empty before runner builds one. Only this process: the programs steps run are not touched."""
+    try:
+        from pydantic.plugin import _loader
+
+        if getattr(_loader, "_plugins", None) is None:
+            _loader._plugins = {}
+    except Exception:  # noqa: BLE001 - a private detail of pydantic; without it, pydantic scans as usual
+        pass
+
+
+_without_pydantic_plugins()
+
+
 def _argv_words(value: Any) -> Any:
     """In an argv list a number or a boolean is a word to the program: `[python, x.py, --n, 8]` means "8"."""
     if not isinstance(value, list):
