@@ -30,6 +30,43 @@ class Completed:
     tail: list[str]
 
 
+class _ExitWatch:
+    """Waits for a child to exit and wakes the moment it does: a pidfd (Linux 5.3+) polled with a timeout, where
+    Popen.wait(timeout) sleeps in steps of up to 50 ms (on average 25 ms lost per step, which adds up along a
+    chain of steps). Without pidfd_open it falls back to Popen.wait."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.proc = proc
+        self.poller: Any = None
+        self.fd = -1
+        try:
+            import select
+
+            self.fd = os.pidfd_open(proc.pid)
+            self.poller = select.poll()
+            self.poller.register(self.fd, select.POLLIN)
+        except (AttributeError, OSError):
+            self.close()
+
+    def wait(self, seconds: float) -> None:
+        """Until the child exits or `seconds` pass (it is not reaped here: the caller polls)."""
+        if self.poller is None:
+            try:
+                self.proc.wait(timeout=seconds)
+            except subprocess.TimeoutExpired:
+                pass
+            return
+        try:
+            self.poller.poll(int(seconds * 1000))
+        except InterruptedError:
+            pass
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd, self.poller = -1, None
+
+
 def _kill_group(
     proc: subprocess.Popen[bytes], grace: float = 3.0, sig: int = signal.SIGTERM, hurry: threading.Event | None = None
 ) -> None:
@@ -130,6 +167,7 @@ def run_process(
     reader.start()
     started = time.monotonic()
     reason = ""
+    watch = _ExitWatch(proc)
     try:
         while proc.poll() is None:
             if ctx.cancel.is_set():
@@ -138,11 +176,9 @@ def run_process(
             if ctx.timeout is not None and time.monotonic() - started > ctx.timeout:
                 reason = f"timed out after {ctx.timeout:g}s"
                 break
-            try:
-                proc.wait(timeout=0.05)
-            except subprocess.TimeoutExpired:
-                pass
+            watch.wait(0.05)  # back at once when it exits; every 50 ms for a cancel or the timeout
     finally:
+        watch.close()
         if proc.poll() is None:
             _kill_group(proc, grace, stop_signal, ctx.hurry)
         else:
