@@ -1,3 +1,3 @@
-from runner.cli import main
+from runner.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())
