@@ -261,7 +261,7 @@ class Removals(Preparing):
 
     def _removed_records(self) -> dict[str, StepRecord]:
         """The records whose step (or, for an item, whose for_each step) is not in the pipeline."""
-        names = self.graph.names
+        names = set(self.graph.names)  # a list: `in` on it made this quadratic (0.8 s of 10,000 converged steps)
         found = {}
         for key, data in list(self.state.steps.items()):
             if key.split("[", 1)[0] not in names:
