@@ -6,10 +6,11 @@ The subset, and nothing more: text, and `{{ expression }}` where an expression i
 part starting with `_`), a quoted string without backslashes or braces, `( expression )`, either followed by
 `| quote` or `| bool`, and `X if Y else Z` of those. Anything else — `{%`, `{#`, `{{-`, other filters,
 operators, subscripts, a name the context does not hold, a value that is not a mapping where a name is looked
-up in it — is left to Jinja (runner.template), which then gives the same result or the same error it always
-did. What a subset template means is what runner.template's sandboxed Jinja environment makes of it (data
-first for `a.b` on a mapping, `str()` of each expression's value after `finalize`, the `quote` and `bool`
-filters and their call checks); tests/test_fuzz.py renders random subset templates both ways and compares.
+up in it, more than a few filters or parentheses in a row — is left to Jinja (runner.jinja_templates), which
+then gives the same result or the same error it always did. What a subset template means is what that sandboxed
+Jinja environment makes of it (data first for `a.b` on a mapping, `str()` of each expression's value after
+`finalize`, the `quote` and `bool` filters and their call checks); tests/test_fuzz.py renders random subset
+templates both ways and compares.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ _RESERVED = frozenset(
     "and or not in is if else elif endif for endfor true false none True False None recursive with".split()
 )
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_]*")
+_REST = re.compile(r"\s*\Z")
+MAX_DEPTH = 8  # filters on one value, parentheses in one another: deeper is Jinja's (and its recursion limit's)
 _TOKEN = re.compile(
     r"\s*(?:(?P<name>[A-Za-z_][A-Za-z0-9_]*)|(?P<string>'[^'\\{}\n]*'|\"[^\"\\{}\n]*\")|(?P<op>[.|()]))"
 )
@@ -80,9 +83,8 @@ class _Parser:
     def __init__(self, source: str) -> None:
         self.tokens: list[tuple[str, str]] = []
         pos = 0
-        while pos < len(source):
-            if source[pos:].strip() == "":
-                break
+        self.depth = 0
+        while not _REST.match(source, pos):
             match = _TOKEN.match(source, pos)
             if match is None:
                 raise Unsupported(source)
@@ -122,10 +124,12 @@ class _Parser:
 
     def piped(self) -> Expr:
         expr = self.primary()
+        filters = 0
         while self.peek() == ("op", "|"):
             self.at += 1
             name = self.take("name")
-            if name not in FILTERS:
+            filters += 1
+            if name not in FILTERS or filters > MAX_DEPTH:
                 raise Unsupported(name)
             expr = ("filter", name, expr)
         return expr
@@ -140,8 +144,12 @@ class _Parser:
             return ("const", value[1:-1])
         if kind == "op" and value == "(":
             self.at += 1
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise Unsupported("nested too deeply")
             inner = self.cond()
             self.take("op", ")")
+            self.depth -= 1
             return inner
         if kind == "name":
             names = [self._name()]
@@ -185,7 +193,7 @@ def parse(source: str) -> tuple[Part, ...] | None:
             return None  # whitespace control, or a nested opening
         try:
             expr = _Parser(inner).whole()
-        except (Unsupported, RecursionError):
+        except Unsupported:
             return None
         if not _has_path(expr):
             return None  # a constant: Jinja finalizes it while compiling; leave it to Jinja
@@ -201,7 +209,7 @@ def parse_expression(source: str) -> Expr | None:
         return None
     try:
         expr = _Parser(source).whole()
-    except (Unsupported, RecursionError):
+    except Unsupported:
         return None
     return expr if _has_path(expr) else None
 

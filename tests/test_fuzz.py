@@ -283,3 +283,18 @@ def test_the_subset_reads_the_names_jinja_reads(source: str) -> None:
     parts = simple_template.parse(source)
     if parts is not None:
         assert simple_template.names_used(parts) == jinja_templates.template_names(source), source
+
+
+def test_long_and_deep_expressions_are_left_to_jinja() -> None:
+    """The subset reads an expression in time linear in its length and never nests deeper than MAX_DEPTH:
+    100,000 filters in a row or 100 parentheses deep are Jinja's to refuse (as they were before the subset)."""
+    from runner import simple_template
+
+    deep = simple_template.MAX_DEPTH
+    assert simple_template.parse("{{ vars.a" + " | quote" * deep + " }}") is not None
+    assert simple_template.parse("{{ vars.a" + " | quote" * (deep + 1) + " }}") is None
+    assert simple_template.parse("{{ vars.a" + " | quote" * 100_000 + " }}") is None
+    assert simple_template.parse("{{ " + "(" * deep + "vars.a" + ")" * deep + " }}") is not None
+    assert simple_template.parse("{{ " + "(" * 100 + "vars.a" + ")" * 100 + " }}") is None
+    many = "".join(f"{{{{ vars.a }}}}{i}," for i in range(20_000))
+    assert render_string(many, {"vars": {"a": "x"}}) == "".join(f"x{i}," for i in range(20_000))
