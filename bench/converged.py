@@ -261,33 +261,19 @@ def equivalent_work(work: Path, docker_host: str | None) -> tuple[Path, Path, Pa
     return pipeline, playbook, deploy
 
 
-def install_pyinfra(work: Path) -> Path | None:
-    venv = work / "pyinfra-venv"
-    binary = venv / "bin" / "pyinfra"
+def install_tool(work: Path, label: str, venv_name: str, program: str, packages: list[str]) -> Path | None:
+    """`program` from a venv of its own under `work`, with `packages` installed from the package index once."""
+    venv = work / venv_name
+    binary = venv / "bin" / program
     if binary.exists():
         return binary
-    print("installing pyinfra into", venv, "(from the package index) ...", flush=True)
+    print(f"installing {label} into {venv} (from the package index) ...", flush=True)
     sh([PY, "-m", "venv", str(venv)])
-    proc = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "pyinfra"], capture_output=True, text=True)
-    if proc.returncode != 0:
-        print("could not install pyinfra:", proc.stderr[-500:], flush=True)
-        return None
-    return binary
-
-
-def install_ansible(work: Path, with_docker: bool) -> Path | None:
-    venv = work / "ansible-venv"
-    playbook_bin = venv / "bin" / "ansible-playbook"
-    if playbook_bin.exists():
-        return playbook_bin
-    print("installing Ansible into", venv, "(from the package index) ...", flush=True)
-    sh([PY, "-m", "venv", str(venv)])
-    packages = ["ansible", "docker", "requests"] if with_docker else ["ansible-core"]
     proc = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", *packages], capture_output=True, text=True)
     if proc.returncode != 0:
-        print("could not install Ansible:", proc.stderr[-500:], flush=True)
+        print(f"could not install {label}:", proc.stderr[-500:], flush=True)
         return None
-    return playbook_bin
+    return binary
 
 
 # ---- measurements ---------------------------------------------------------------------------------------
@@ -520,8 +506,11 @@ def main() -> int:
     print(f"  docker engine with {BUSYBOX}: {docker_host or 'none (the container task is left out on every side)'}")
     pipeline, playbook, deploy = equivalent_work(work, docker_host)
     runner_env = dict(os.environ)
-    ansible = None if args.no_ansible else install_ansible(work, with_docker=bool(docker_host))
-    pyinfra = None if args.no_pyinfra else install_pyinfra(work)
+    ansible_packages = ["ansible", "docker", "requests"] if docker_host else ["ansible-core"]
+    ansible = None
+    if not args.no_ansible:
+        ansible = install_tool(work, "Ansible", "ansible-venv", "ansible-playbook", ansible_packages)
+    pyinfra = None if args.no_pyinfra else install_tool(work, "pyinfra", "pyinfra-venv", "pyinfra", ["pyinfra"])
     timed(runner_argv("apply", "-f", str(pipeline)), pipeline.parent)
     timed(runner_argv("apply", "-f", str(pipeline)), pipeline.parent)
     sides: dict[str, Callable[[], float]] = {

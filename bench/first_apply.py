@@ -69,16 +69,7 @@ def steps_critical_path(work: Path) -> tuple[float, list[str]]:
     pipeline = load_pipeline(work / "pipeline.yaml")
     records = json.loads((work / ".runner" / "state.json").read_text())["steps"]
     deps = {s.name: list(pipeline.graph.deps[s.name]) for s in pipeline.steps}
-    cost = {name: float(records.get(name, {}).get("duration") or 0.0) for name in deps}
-    done: dict[str, tuple[float, list[str]]] = {}
-
-    def finish(name: str) -> tuple[float, list[str]]:
-        if name not in done:
-            before = max((finish(d) for d in deps[name]), default=(0.0, []))
-            done[name] = (before[0] + cost[name], [*before[1], f"{name} {cost[name]:.2f}"])
-        return done[name]
-
-    return max(finish(n) for n in deps)
+    return longest_chain(deps, {name: float(records.get(name, {}).get("duration") or 0.0) for name in deps})
 
 
 def quickstart(base: Path, rounds: int) -> list[tuple[str, list[float], float | None]]:
@@ -193,12 +184,14 @@ def install(base: Path, rounds: int) -> list[tuple[str, list[float], float | Non
 # ---- DAGs of sleeps --------------------------------------------------------------------------------------
 
 
-def critical_path(deps: dict[str, list[str]], cost: dict[str, float]) -> float:
-    done: dict[str, float] = {}
+def longest_chain(deps: dict[str, list[str]], cost: dict[str, float]) -> tuple[float, list[str]]:
+    """The DAG's critical path: its length and its steps (`name cost` each)."""
+    done: dict[str, tuple[float, list[str]]] = {}
 
-    def finish(name: str) -> float:
+    def finish(name: str) -> tuple[float, list[str]]:
         if name not in done:
-            done[name] = cost[name] + max((finish(d) for d in deps[name]), default=0.0)
+            before = max((finish(d) for d in deps[name]), default=(0.0, []))
+            done[name] = (before[0] + cost[name], [*before[1], f"{name} {cost[name]:.2f}"])
         return done[name]
 
     return max(finish(n) for n in deps)
@@ -247,7 +240,7 @@ def dag(base: Path, rounds: int) -> list[tuple[str, list[float], float | None]]:
     cases.append(("the flagship's graph", *flagship_shape()))
     rows: list[tuple[str, list[float], float | None]] = []
     for label, deps, cost in cases:
-        path = critical_path(deps, cost)
+        path = longest_chain(deps, cost)[0]
         times: list[float] = []
         for i in range(rounds):
             work = base / f"dag-{i}"
