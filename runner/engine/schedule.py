@@ -18,6 +18,7 @@ from types import FrameType
 from runner.engine.base import Interrupted
 from runner.engine.execute import Executing
 from runner.events import Result
+from runner.model import StepDecl
 from runner.state import check_writable, pipeline_lock
 from steps import kind_class
 from steps._support import sweep
@@ -94,7 +95,7 @@ class Scheduling(Executing):
                         finish(name, self._unselected(name))
                         continue
                     step = self.pipeline.step(name)
-                    if step.common.for_each is None and (jobs == 1 or kind_class(step.kind).local_probe):
+                    if step.common.for_each is None and (jobs == 1 or _local_probe(step)):
                         # looked at here: a step that is up to date costs no hand-over to a worker
                         looked = self._look(name, log_dir, time.monotonic())
                         if isinstance(looked, Result):
@@ -167,3 +168,10 @@ def _signals_raise(hurry: threading.Event) -> Iterator[None]:
     finally:
         signal.signal(signal.SIGINT, old_int)
         signal.signal(signal.SIGTERM, old_term)
+
+
+def _local_probe(step: StepDecl) -> bool:
+    """Its probe reads only this machine: its kind's, and no `host:` sends it elsewhere."""
+    if isinstance(step.raw, dict) and step.raw.get("host"):
+        return False
+    return kind_class(step.kind).local_probe

@@ -116,6 +116,7 @@ def run_process(
     stop_signal: int = signal.SIGTERM,
     grace: float = 3.0,
     on_transient: Callable[[str], None] | None = None,
+    stdin: bytes | None = None,
 ) -> Completed:
     """Run argv, streaming its merged output to the step's log and ``ctx.on_output``.
 
@@ -126,6 +127,8 @@ def run_process(
     The child gets its own session (process group), so a timeout or an interrupt stops it and everything it
     started. What it starts carries the step's tag (`ctx.process_tag`), so what leaves the group is found too:
     stopped here on a timeout or a cancel, by the engine when the step fails, by the guardian if runner dies.
+    ``stdin``, when given, is written to the child's stdin, which then stays open until the child exits: a remote
+    step's script, whose end of file tells the other machine that runner is gone (steps/_support/ssh.py).
     Raises StepError when the program cannot be started, or on timeout or cancellation.
     """
     child_env = dict(env) if env is not None else None
@@ -147,7 +150,7 @@ def run_process(
             list(argv),
             cwd=cwd,
             env=child_env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if stdin is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,
@@ -165,6 +168,8 @@ def run_process(
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    if stdin is not None:
+        _feed(proc, stdin)
     started = time.monotonic()
     reason = ""
     watch = _ExitWatch(proc)
@@ -201,12 +206,31 @@ def run_process(
             if time.monotonic() - max(output.last_read, ended) > 0.5:
                 break
         output.close()
+        if proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                proc.stdin.close()
         if output.log_error:
             ctx.notice(f"{ctx.name}: its log {ctx.log_path} could not be written ({output.log_error})")
     tail = list(output.tail)
     if reason:
         raise StepError(f"command {reason}", output_tail="\n".join(tail))
     return Completed(proc.returncode, "".join(output.captured), tail)
+
+
+def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    """Write `data` to the child's stdin without closing it; in a thread when it is more than a pipe holds."""
+    assert proc.stdin is not None
+    pipe = proc.stdin
+
+    def write() -> None:
+        with contextlib.suppress(OSError):
+            pipe.write(data)
+            pipe.flush()
+
+    if len(data) <= 16384:
+        write()
+    else:
+        threading.Thread(target=write, daemon=True).start()
 
 
 def _not_started(exc: OSError | ValueError, argv: Sequence[str], cwd: Path | None) -> Exception:

@@ -1,0 +1,132 @@
+"""What the kinds share to run on another machine (`host:`): the field, the command, the environment sent, the
+checks of `creates`/`inputs` there in one round trip, and errors that name the host. The transport is ssh.py."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from steps._support import ssh
+from steps._support.process import Completed, run_process
+from steps._support.words import argv_of
+from steps.base import StepContext, StepError
+
+HOST_DESCRIPTION = (
+    "Run it on another machine over ssh: a ~/.ssh/config alias, user@host or ssh://user@host:port (the docker "
+    "kind's spelling). Relative paths are then that machine's, from the login directory (or `cwd`); exported "
+    "variables go along on stdin, never on a command line. Default: this machine."
+)
+
+
+def check_host(value: Any) -> Any:
+    """The `host` field's validator (a template is checked once rendered)."""
+    return ssh.check_target(value) if isinstance(value, str) else value
+
+
+def body_of(command: str | list[str]) -> str:
+    """The shell text of a step's command: a string as it is (it runs under sh -c), a list as one exec of argv."""
+    if isinstance(command, str):
+        return command
+    return "exec " + shlex.join(argv_of(command))
+
+
+def shown(command: str | list[str]) -> str:
+    return command if isinstance(command, str) else shlex.join(command)
+
+
+def variables(ctx: StepContext, extra: Mapping[str, str]) -> dict[str, str]:
+    """What a remote command gets besides its own login environment: what env steps exported, the step's own
+    `env`, and the step's process tag. Not this machine's whole environment: PATH and HOME are the host's."""
+    out = {**ctx.exported, **extra}
+    if ctx.process_tag:
+        from steps._support import sweep
+
+        out[sweep.VARIABLE] = ctx.process_tag
+    return out
+
+
+def run(
+    ctx: StepContext,
+    target: str,
+    command: str | list[str],
+    *,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    stop_signal: str = "TERM",
+    grace: float = 3.0,
+    quiet: bool = False,
+) -> Completed:
+    """Run a step's command on the host, its output streamed to the step's log as a local one's is. The command
+    stops when runner stops it (timeout, Ctrl-C) or dies: the script's stdin is the line that holds it."""
+    ssh.connect(target)
+    script = ssh.guarded(body_of(command), variables(ctx, env or {}), cwd, stop_signal, grace)
+    remote, data = ssh.payload(script)
+    runner_ctx = replace(ctx, log_path=None, on_output=lambda line: None) if quiet else ctx
+    result = run_process(ssh.command_argv(target, remote), runner_ctx, env=ssh.local_env(), stdin=data)
+    if result.returncode == ssh.NO_DIRECTORY and cwd:
+        raise StepError(f"working directory does not exist on {ssh.display(target)}: {cwd}")
+    return result
+
+
+def failure(target: str, code: int, command: str | list[str], tail: Sequence[str], what: str = "command") -> StepError:
+    """A remote command's non-zero exit, with what to check for the codes that say something."""
+    host = ssh.display(target)
+    hint = ""
+    if code == 127:
+        hint = ssh.missing_command_hint(target)
+    elif code == 126:
+        hint = f"a program was found on {host} but could not be run (exit 126): check its permissions"
+    elif code == 255:
+        hint = f"255 is also what ssh exits with when the connection to {host} fails: check the output"
+    return StepError(
+        f"{what} exited with code {code} on {host}: {shown(command)}", hint=hint, output_tail="\n".join(tail)
+    )
+
+
+def glob_word(pattern: str) -> str:
+    """A path pattern as a shell word that globs (* ? [...]) and expands a leading ~/, nothing else."""
+    out = []
+    rest = pattern
+    if rest == "~" or rest.startswith("~/"):
+        out.append('"$HOME"')
+        rest = rest[1:]
+    for ch in rest:
+        if ch.isalnum() or ch in "*?[]/._-":
+            out.append(ch)
+        else:
+            out.append("\\" + ch)
+    return "".join(out)
+
+
+def observe(
+    target: str, cwd: str | None, creates: Sequence[str], inputs: Sequence[str]
+) -> tuple[str | None, dict[str, Any]]:
+    """One round trip: the first `creates` pattern that matches nothing there (or None), and the content digests
+    of the `inputs` files there (sha256sum of every file each pattern names, directories walked)."""
+    lines = []
+    if cwd:
+        lines.append(f"cd {ssh.quote(cwd)} 2>/dev/null || {{ echo 'X'; exit 0; }}")
+    for index, pattern in enumerate(creates):
+        lines.append(
+            f'_f=0; for _p in {glob_word(pattern)}; do [ -e "$_p" ] && _f=1 && break; done; echo "C{index} $_f"'
+        )
+    for index, pattern in enumerate(inputs):
+        lines.append(
+            f'for _p in {glob_word(pattern)}; do [ -e "$_p" ] && find "$_p" -type f -exec sha256sum -- {{}} + ; '
+            f'done | LC_ALL=C sort -k2 | sed "s/^/I{index} /"'
+        )
+    code, out = ssh.quick(target, "\n".join(lines) + "\n")
+    if out.startswith("X"):
+        return (f"{cwd} does not exist on {ssh.display(target)}" if creates else None), {"cwd_missing": cwd}
+    found = {}
+    digests: dict[str, list[str]] = {str(i): [] for i in range(len(inputs))}
+    for line in out.splitlines():
+        head, _, rest = line.partition(" ")
+        if head.startswith("C"):
+            found[head[1:]] = rest.strip() == "1"
+        elif head.startswith("I"):
+            digests.setdefault(head[1:], []).append(rest)
+    missing = next((p for i, p in enumerate(creates) if not found.get(str(i), False)), None)
+    return missing, {inputs[int(k)]: v for k, v in digests.items() if k.isdigit() and int(k) < len(inputs)}
