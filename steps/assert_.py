@@ -25,6 +25,7 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from steps._support import remote
 from steps._support.files import expand
 from steps._support.process import run_process
 from steps._support.words import FALSE_WORDS, TRUE_WORDS, argv_of, is_template
@@ -55,6 +56,16 @@ class AssertSpec(SpecModel):
     )
     that: str | bool | None = Field(None, description="A condition (usually a template) that must be true.")
     message: str | None = Field(None, description="The message shown when a check fails: say how to fix it.")
+    host: str | None = Field(
+        None,
+        description="Check that machine instead, over ssh (a ~/.ssh/config alias, user@host or ssh://user@host:port): "
+        "every check but `that` runs there, in one round trip.",
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        return remote.check_host(value)
 
     @field_validator("kernel")
     @classmethod
@@ -98,6 +109,8 @@ class AssertStep(StepKind[AssertSpec]):
     changes_system = False
 
     def _failures(self, ctx: StepContext, run_commands: bool) -> list[str]:
+        if self.spec.host:
+            return self._remote_failures(ctx, self.spec.host, run_commands)
         spec = self.spec
         failures: list[str] = []
         if spec.path is not None and not expand(ctx.resolve(spec.path), ctx):
@@ -146,6 +159,84 @@ class AssertStep(StepKind[AssertSpec]):
                 if result.returncode != 0:
                     shown = spec.command if isinstance(spec.command, str) else shlex.join(spec.command)
                     failures.append(f"`{shown}` exited with code {result.returncode}")
+        return failures
+
+    def _remote_failures(self, ctx: StepContext, host: str, run_commands: bool) -> list[str]:
+        """The same checks on `host`: its files, kernel, PATH, /proc/sys and the variables a command there gets,
+        read by one script (one round trip); then the command, if any and if asked."""
+        spec = self.spec
+        q = remote.ssh.quote
+        lines = [remote.ssh.exports(remote.variables(ctx, {}))]
+        if spec.path is not None:
+            word = remote.glob_word(spec.path)
+            lines.append(f'_f=0; for _p in {word}; do [ -e "$_p" ] && _f=1 && break; done; [ $_f = 1 ] || echo "P"')
+        if spec.kernel is not None:
+            lines.append('echo "K $(uname -r)"')
+        last = ""  # a file's text, for a `contains` of more than one line: read at the end of the output
+        if spec.file is not None and spec.contains is not None:
+            target = remote.glob_word(spec.file) if spec.file.startswith("~") else q(spec.file)
+            if "\n" in spec.contains:
+                last = f"if [ -r {target} ]; then echo B; head -c 16777216 {target}; else echo R; fi"
+            else:
+                grep = f"grep -qF -- {q(spec.contains)} {target}"
+                lines.append(f"if [ -r {target} ]; then {grep} || echo N; else echo R; fi")
+        names = [spec.env] if isinstance(spec.env, str) else (spec.env or [])
+        for index, name in enumerate(names):
+            ok = f'[ -n "${{{name}:-}}" ]' if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else "false"
+            lines.append(f"{ok} || echo E{index}")
+        programs = [spec.program] if isinstance(spec.program, str) else (spec.program or [])
+        for index, program in enumerate(programs):
+            lines.append(f"command -v {q(program)} >/dev/null 2>&1 || echo G{index}")
+        keys = list(spec.sysctl or {})
+        for index, key in enumerate(keys):
+            path = "/proc/sys/" + key.replace(".", "/")
+            lines.append(f'if [ -r {path} ]; then echo "S{index} $(cat {path})"; else echo "S{index} -"; fi')
+        if last:
+            lines.append(last)
+        failures: list[str] = []
+        where = f" on {host}"
+        if len(lines) > 1:
+            code, out = remote.ssh.quick(host, "\n".join(lines) + "\n")
+            body = out.split("B\n", 1)[1] if "B\n" in out else None
+            for line in (out.split("B\n", 1)[0] if body is not None else out).splitlines():
+                tag, _, rest = line.partition(" ")
+                if tag == "P":
+                    failures.append(f"{spec.path} does not exist{where}")
+                elif tag == "K":
+                    try:
+                        if version_tuple(rest) < version_tuple(spec.kernel or "0"):
+                            failures.append(f"kernel {rest} is older than {spec.kernel}{where}")
+                    except ValueError as exc:
+                        failures.append(str(exc))
+                elif tag == "N":
+                    failures.append(f"{spec.file} does not contain {spec.contains!r}{where}")
+                elif tag == "R":
+                    failures.append(f"cannot read {spec.file}{where}")
+                elif tag.startswith("E") and tag[1:].isdigit():
+                    failures.append(f"variable {names[int(tag[1:])]} is not set{where}")
+                elif tag.startswith("G") and tag[1:].isdigit():
+                    failures.append(f"{programs[int(tag[1:])]} is not on PATH{where}")
+                elif tag.startswith("S") and tag[1:].isdigit():
+                    key = keys[int(tag[1:])]
+                    lowest = (spec.sysctl or {})[key]
+                    if rest == "-":
+                        failures.append(f"{key} is not available{where} (is its kernel module loaded?)")
+                    elif not rest.split() or not rest.split()[0].lstrip("-").isdigit():
+                        failures.append(f"{key} is {rest!r}{where}, not a number")
+                    elif int(rest.split()[0]) < lowest:
+                        failures.append(f"{key} is {rest.split()[0]}{where}, below {lowest}")
+            if body is not None and spec.contains is not None and spec.contains not in body:
+                failures.append(f"{spec.file} does not contain {spec.contains!r}{where}")
+        if spec.that is not None:
+            word = str(spec.that).strip().lower()
+            if word in FALSE_WORDS:
+                failures.append(f"condition is false: {spec.that!r}")
+            elif word not in TRUE_WORDS:
+                failures.append(f"condition is neither true nor false: {spec.that!r}")
+        if spec.command is not None and run_commands:
+            result = remote.run(ctx, host, spec.command)
+            if result.returncode != 0:
+                failures.append(f"`{remote.shown(spec.command)}` exited with code {result.returncode}{where}")
         return failures
 
     def probe(self, ctx: StepContext) -> Probe:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from steps._support import remote
 from steps._support.process import run_process
 from steps._support.words import argv_of
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
@@ -27,7 +28,12 @@ from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKi
 class CaptureSpec(SpecModel):
     command: Command = Field(description="The command. A list is argv (no shell); a string runs under `sh -c`.")
     container: str | None = Field(None, description="Run it inside this container (name or id), as `docker exec`.")
-    host: str | None = Field(None, description="Docker Engine for `container` (default: DOCKER_HOST, else the socket).")
+    host: str | None = Field(
+        None,
+        description="Without `container`: the machine the command runs on, over ssh (a ~/.ssh/config alias, "
+        "user@host or ssh://user@host:port). With `container`: its Docker Engine (unix://, tcp://, ssh://; default "
+        "DOCKER_HOST, else the socket), or an ssh alias or user@host, where `docker exec` then runs.",
+    )
     cwd: str | None = Field(None, description="Working directory (on the host, or inside the container).")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
     secret: bool = Field(False, description="The value is a secret: kept 0600, masked in all output and state.")
@@ -37,6 +43,12 @@ class CaptureSpec(SpecModel):
     @classmethod
     def _env_strings(cls, value: Any) -> Any:
         return env_mapping(value)
+
+    @model_validator(mode="after")
+    def _host_kind(self) -> CaptureSpec:
+        if self.host is not None and not (self.container and _engine_url(self.host)):
+            remote.check_host(self.host)
+        return self
 
     @field_validator("command")
     @classmethod
@@ -72,7 +84,9 @@ class CaptureStep(StepKind[CaptureSpec]):
         spec = self.spec
         argv = argv_of(spec.command)
         shown = spec.command if isinstance(spec.command, str) else " ".join(spec.command)
-        if spec.container:
+        if spec.host and not (spec.container and _engine_url(spec.host)):
+            code, out = self._remote(ctx, spec.host, argv)
+        elif spec.container:
             code, out = self._exec(ctx, argv)
         else:
             quiet = ctx if not spec.secret else _quiet(ctx)
@@ -83,10 +97,34 @@ class CaptureStep(StepKind[CaptureSpec]):
         if code != 0:
             tail = "" if spec.secret else ctx.mask(value[-2000:])
             where = f" in container {spec.container}" if spec.container else ""
+            where += f" on {remote.ssh.display(spec.host)}" if spec.host and not _engine_url(spec.host) else ""
+            if code == 127:
+                raise StepError(
+                    f"command exited with code {code}{where}: {shown}",
+                    hint=remote.ssh.missing_command_hint(spec.host) if spec.host else "",
+                    output_tail=tail,
+                )
             raise StepError(f"command exited with code {code}{where}: {shown}", output_tail=tail)
         if not value and not spec.allow_empty:
             raise StepError(f"the command printed nothing: {shown}", hint="set `allow_empty: true` if that is fine")
         return {"value": value}
+
+    def _remote(self, ctx: StepContext, host: str, argv: list[str]) -> tuple[int, str]:
+        """On `host` over ssh: the command, or `docker exec` into `container` there; the step's `env` reaches
+        docker exec by name (`-e NAME`, its value exported on stdin), never on a command line."""
+        spec = self.spec
+        command: str | list[str] = spec.command
+        cwd = spec.cwd
+        if spec.container:
+            words = ["docker", "exec"]
+            if spec.cwd:
+                words += ["-w", spec.cwd]
+            for name in spec.env:
+                words += ["-e", name]
+            command = [*words, spec.container, *argv]
+            cwd = None
+        result = remote.run(ctx, host, command, cwd=cwd, env=spec.env, quiet=spec.secret)
+        return result.returncode, result.stdout
 
     def _exec(self, ctx: StepContext, argv: list[str]) -> tuple[int, str]:
         from steps._support.docker_engine import api_error_text, connect, sdk
@@ -111,6 +149,11 @@ class CaptureStep(StepKind[CaptureSpec]):
         if code != 0 and not spec.secret and stderr:
             text += stderr.decode("utf-8", errors="replace")
         return int(code or 0), text
+
+
+def _engine_url(host: str) -> bool:
+    """A Docker Engine address, not an ssh destination: `container` then goes through the docker SDK."""
+    return host.startswith(("unix://", "tcp://", "ssh://", "http://", "https://", "npipe://", "fd://"))
 
 
 def _quiet(ctx: StepContext) -> StepContext:

@@ -16,17 +16,35 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field, field_validator
+
+from steps._support import remote
 from steps._support.readiness import Readiness, wait_ready
 from steps.base import StepContext, StepKind
 
 
-class WaitStep(StepKind[Readiness]):
+class WaitSpec(Readiness):
+    host: str | None = Field(
+        None,
+        description="Wait as that machine sees the target, over ssh (a ~/.ssh/config alias, user@host or "
+        "ssh://user@host:port): `http://127.0.0.1:8265` is then its own port. The connection is made there "
+        "(ssh -W), so nothing needs installing on it.",
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        return remote.check_host(value)
+
+
+class WaitStep(StepKind[WaitSpec]):
     kind = "wait"
-    Spec = Readiness
-    outputs = frozenset({"answer", "target"})
+    Spec = WaitSpec
+    outputs = frozenset({"answer", "target", "host"})
     changes_system = False
     cosmetic_fields = frozenset({"interval"})
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        answer = wait_ready(self.spec, ctx.cancel, on_attempt=ctx.on_output)
-        return {"answer": answer, "target": self.spec.target}
+        answer = wait_ready(self.spec, ctx.cancel, on_attempt=ctx.on_output, via=self.spec.host)
+        out = {"answer": answer, "target": self.spec.target}
+        return {**out, "host": self.spec.host} if self.spec.host else out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -56,7 +57,9 @@ class Readiness(SpecModel):
         return self.http or self.tcp or ""
 
 
-def _try_http(url: str, statuses: list[int], timeout: float) -> tuple[bool, str]:
+def _try_http(url: str, statuses: list[int], timeout: float, via: str | None = None) -> tuple[bool, str]:
+    if via:
+        return _try_http_from(via, url, statuses, timeout)
     import urllib.error  # here, not at the top: a converged run never sends a request
     import urllib.request
 
@@ -71,14 +74,67 @@ def _try_http(url: str, statuses: list[int], timeout: float) -> tuple[bool, str]
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason: Any = getattr(exc, "reason", exc)
         return False, f"no answer: {reason}"
+    return _answer(code, body, statuses)
+
+
+def _answer(code: int, body: bytes, statuses: list[int]) -> tuple[bool, str]:
     ready = code in statuses if statuses else 200 <= code < 300
     text = body.decode("utf-8", errors="replace").strip().replace("\n", " ")
     return ready, f"HTTP {code}" + (f": {text[:200]}" if text else "")
 
 
-def _try_tcp(target: str, timeout: float) -> tuple[bool, str]:
+def _try_http_from(via: str, url: str, statuses: list[int], timeout: float) -> tuple[bool, str]:
+    """GET `url` as the machine `via` sees it: the connection is made there (ssh -W), the request from here."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    from steps._support import ssh
+
+    parts = urlsplit(url)
+    secure = parts.scheme == "https"
+    port = parts.port or (443 if secure else 80)
+    try:
+        sock, proc = ssh.forward(via, parts.hostname or "", port, timeout)
+    except StepError as exc:
+        return False, f"no answer: {exc.message}"
+    try:
+        sock.settimeout(timeout)
+        conn: http.client.HTTPConnection
+        if secure:
+            import ssl
+
+            context = ssl.create_default_context()
+            conn = http.client.HTTPSConnection(parts.hostname or "", port, timeout=timeout, context=context)
+            conn.sock = context.wrap_socket(sock, server_hostname=parts.hostname)
+        else:
+            conn = http.client.HTTPConnection(parts.hostname or "", port, timeout=timeout)
+            conn.sock = sock
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        conn.request("GET", path, headers={"User-Agent": "runner"})
+        answer = conn.getresponse()
+        return _answer(answer.status, answer.read(300), statuses)
+    except (OSError, http.client.HTTPException, ValueError) as exc:
+        return False, f"no answer: {exc}"
+    finally:
+        sock.close()
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+
+
+def _try_tcp(target: str, timeout: float, via: str | None = None) -> tuple[bool, str]:
     host, _, port = target.rpartition(":")
     host = host.strip("[]")
+    if via:
+        from steps._support import ssh
+
+        try:
+            sock, proc = ssh.forward(via, host, int(port), timeout)
+        except StepError as exc:
+            return False, f"no connection: {exc.message}"
+        sock.close()
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        return True, "connected"
     try:
         with socket.create_connection((host, int(port)), timeout=timeout):
             return True, "connected"
@@ -91,11 +147,16 @@ def wait_ready(
     cancel: threading.Event,
     alive: Callable[[], str | None] | None = None,
     on_attempt: Callable[[str], None] = lambda text: None,
+    via: str | None = None,
 ) -> str:
     """Poll until ready; returns the answer that meant ready. ``alive`` returns why to give up early, or None.
 
     Raises StepError on timeout (with the last answer), on cancellation, or when ``alive`` gives a reason.
     """
+    if via:
+        from steps._support import ssh
+
+        ssh.connect(via)  # a host that cannot be reached is an error now, not an answer to wait out
     deadline = time.monotonic() + spec.timeout
     last = "no attempt made"
     attempts = 0
@@ -103,9 +164,9 @@ def wait_ready(
         left = deadline - time.monotonic()
         per_try = max(0.5, min(5.0, left))
         if spec.http:
-            ready, last = _try_http(spec.http, spec.status, per_try)
+            ready, last = _try_http(spec.http, spec.status, per_try, via)
         else:
-            ready, last = _try_tcp(spec.tcp or "", per_try)
+            ready, last = _try_tcp(spec.tcp or "", per_try, via)
         attempts += 1
         on_attempt(f"{spec.target}: {last}")
         if ready:

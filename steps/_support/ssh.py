@@ -13,18 +13,21 @@ a remote process's command line, nor in the local `ssh`'s. The script keeps read
 connection ends (runner killed, Ctrl-C, a timeout), it sees end of file and stops the command's process group, so
 nothing a step started outlives a dead runner on the other machine either.
 
-Environment: RUNNER_SSH_CONFIG (an ssh_config file given with -F, instead of ~/.ssh/config), RUNNER_SSH_CONTROL_DIR
-(where the control sockets go, default /tmp/runner-ssh-UID), RUNNER_SSH_PERSIST (seconds, default 60; 0 closes
-the connection at the end of each step's use: no reuse across runs).
+Environment: RUNNER_SSH_CONFIG (an ssh_config file given with -F, instead of ~/.ssh/config),
+RUNNER_SSH_CONTROL_DIR (where the control sockets go, default /tmp/runner-ssh-UID), RUNNER_SSH_PERSIST (seconds
+an idle master stays, default 60).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+import socket
 import subprocess
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -98,8 +101,9 @@ def control_dir() -> str:
 
 
 def persist() -> int:
+    """Seconds an idle master stays for the next run (at least 1: a run's steps always share one)."""
     text = os.environ.get("RUNNER_SSH_PERSIST", "")
-    return int(text) if text.isdigit() else PERSIST
+    return max(1, int(text)) if text.isdigit() else PERSIST
 
 
 def base_argv(target: str) -> list[str]:
@@ -185,14 +189,12 @@ def _start_master(target: str) -> None:
         "-o",
         "ControlMaster=yes",
         "-o",
-        f"ControlPersist={keep}" if keep else "ControlPersist=no",
+        f"ControlPersist={keep}",
         "-f",
         "-N",
         "--",
         target,
     ]
-    if not keep:
-        argv = [*base_argv(target), "-o", "ControlMaster=no", "-o", "LogLevel=ERROR", "-T", "--", target, "true"]
     import tempfile
 
     with tempfile.TemporaryFile() as err:
@@ -321,3 +323,68 @@ def missing_command_hint(target: str) -> str:
         f"a command was not found on {display(target)} (exit 127): install it there, or give its full path "
         "(a non-interactive ssh session does not read ~/.bashrc's PATH)"
     )
+
+
+def forward(target: str, address: str, port: int, timeout: float) -> tuple[socket.socket, subprocess.Popen[bytes]]:
+    """A connection to address:port made from `target` (`ssh -W` over the master): a local socket whose other end
+    is that connection, and the ssh process carrying it (the caller closes both). No tool is needed on the host.
+
+    The master confirms the remote side's connect before it answers the mux request, and the client then logs
+    "master session id" (openssh-portable mux.c:1083 registers mux_stdio_confirm on the channel's open
+    confirmation; mux.c:2277 logs it; mux.c:2288 is the failure): that line is how a refused port is told from an
+    open one. StepError when the host could not connect, with what ssh said."""
+    import select
+
+    connect(target)
+    mine, theirs = socket.socketpair()
+    argv = [*base_argv(target), "-o", "ControlMaster=no", "-v", "-W", f"{address}:{port}", "--", target]
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdin=theirs.fileno(),
+            stdout=theirs.fileno(),
+            stderr=subprocess.PIPE,
+            env=local_env(),
+            start_new_session=True,
+        )
+    finally:
+        theirs.close()
+    assert proc.stderr is not None
+    said: list[str] = []
+    buffer = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        ready, _, _ = select.select([proc.stderr], [], [], left)
+        if not ready:
+            break
+        chunk = os.read(proc.stderr.fileno(), 4096)
+        if not chunk:
+            break
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for raw in lines:
+            line = raw.decode("utf-8", "replace").strip()
+            if "master session id" in line:
+                threading.Thread(target=_drain, args=(proc,), daemon=True).start()
+                return mine, proc
+            if line and not line.startswith("debug"):
+                said.append(line)
+    mine.close()
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    proc.wait()
+    text = said[-1] if said else "no answer"
+    if "refused" in text.lower() or "failed" in text.lower():
+        text = f"{display(target)} could not connect to it ({text})"
+    raise StepError(text)
+
+
+def _drain(proc: subprocess.Popen[bytes]) -> None:
+    """Read what a forward's ssh still says (so it never blocks on a full pipe) until it ends."""
+    assert proc.stderr is not None
+    with contextlib.suppress(OSError, ValueError):
+        while proc.stderr.read(4096):
+            pass
