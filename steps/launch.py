@@ -32,11 +32,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
+from steps._support import remote
 from steps._support.files import check_patterns, expand, remove_created
 from steps._support.process import run_process
 from steps._support.ray_jobs import RayJob, RaySpec
+from steps._support.remote_job import RemoteJob
 from steps._support.supervise import TOKEN_VARIABLE, carries, start_time, write
 from steps._support.words import argv_of
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
@@ -57,6 +59,13 @@ class LaunchSpec(SpecModel):
         default_factory=list,
         description="Paths or globs the job makes: a finished job counts as done only while they exist.",
     )
+    host: str | None = Field(
+        None,
+        description="Run the job on that machine over ssh (a ~/.ssh/config alias, user@host or "
+        "ssh://user@host:port), as upstream's multi-node scripts run the launcher on the Ray head. Detached, its "
+        "state is read there in one round trip, `runner stop` and `runner logs -f` reach it over ssh, and `log` and "
+        "`creates` are paths there.",
+    )
     ray: RaySpec | None = Field(
         None,
         description="Submit the job to an existing Ray cluster through its Jobs API instead of running it here "
@@ -67,6 +76,17 @@ class LaunchSpec(SpecModel):
     @classmethod
     def _env_strings(cls, value: Any) -> Any:
         return env_mapping(value)
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        return remote.check_host(value)
+
+    @model_validator(mode="after")
+    def _one_place(self) -> LaunchSpec:
+        if self.host is not None and self.ray is not None:
+            raise ValueError("give `host` (run it there over ssh) or `ray` (submit it to a cluster), not both")
+        return self
 
     @field_validator("creates")
     @classmethod
@@ -127,7 +147,9 @@ def _when(ts: Any) -> str:
 class LaunchStep(StepKind[LaunchSpec]):
     kind = "launch"
     Spec = LaunchSpec
-    outputs = frozenset({"exit_code", "detached", "pid", "started", "log", "submission_id", "address", "status"})
+    outputs = frozenset(
+        {"exit_code", "detached", "pid", "started", "log", "submission_id", "address", "status", "host"}
+    )
     cosmetic_fields = frozenset({"stop_signal", "stop_timeout", "log"})
 
     def streams_output(self) -> bool:
@@ -137,10 +159,23 @@ class LaunchStep(StepKind[LaunchSpec]):
     def ray(self) -> RayJob | None:
         return RayJob(self) if self.spec.ray is not None else None
 
+    _remote: RemoteJob | None = None
+
+    @property
+    def away(self) -> RemoteJob | None:
+        """The detached job on another machine (`host` and `detach`), or None."""
+        if self.spec.host is None or not self.spec.detach:
+            return None
+        if self._remote is None:
+            self._remote = RemoteJob(self)
+        return self._remote
+
     def preview(self, ctx: StepContext) -> str | None:
         return self.ray.secret_problem(ctx) if self.ray else None
 
     def remote_log(self, ctx: StepContext, follow: bool) -> Iterator[str] | None:
+        if self.away:
+            return self.away.logs(ctx, follow)
         return self.ray.logs(ctx, follow) if self.ray else None
 
     # ---- the job file ---------------------------------------------------------------------------------
@@ -149,7 +184,7 @@ class LaunchStep(StepKind[LaunchSpec]):
         return ctx.state_dir / "jobs" / f"{ctx.name}.json"
 
     def log_file(self, ctx: StepContext) -> Path | None:
-        if not self.spec.detach:
+        if not self.spec.detach or self.spec.host:
             return None
         job = self.job(ctx)
         if job and isinstance(job.get("log"), str):
@@ -178,6 +213,15 @@ class LaunchStep(StepKind[LaunchSpec]):
     def probe(self, ctx: StepContext) -> Probe:
         if self.ray:
             return self.ray.probe(ctx)
+        if self.away:
+            return self.away.probe(ctx)
+        if self.spec.host:
+            if not self.spec.creates:
+                return Probe.ok()
+            missing, _ = remote.observe(self.spec.host, self.spec.cwd, self.spec.creates, [])
+            return (
+                Probe.missing(f"{missing} is missing on {self.spec.host} (the job makes it)") if missing else Probe.ok()
+            )
         if not self.spec.detach:
             missing = self._missing_output(ctx)
             return Probe.missing(f"{missing} is missing (the job makes it)") if missing else Probe.ok()
@@ -208,6 +252,8 @@ class LaunchStep(StepKind[LaunchSpec]):
     def live_work(self, ctx: StepContext) -> str | None:
         if self.ray:
             return self.ray.live_work(ctx)
+        if self.away:
+            return self.away.live_work(ctx)
         if not self.spec.detach:
             return None
         job = self.job(ctx)
@@ -228,6 +274,10 @@ class LaunchStep(StepKind[LaunchSpec]):
         spec = self.spec
         if self.ray:
             return self.ray.apply(ctx)
+        if self.away:
+            return self.away.apply(ctx)
+        if spec.host:
+            return self._remote_foreground(ctx, spec.host)
         cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
         if not cwd.is_dir():
             raise StepError(f"working directory does not exist: {cwd}")
@@ -256,6 +306,19 @@ class LaunchStep(StepKind[LaunchSpec]):
             ctx.on_output(f"stopping the running job (pid {job['pid']}) to restart it with the new spec")
             self._stop(ctx, job)
         return self._start(ctx, cwd)
+
+    def _remote_foreground(self, ctx: StepContext, host: str) -> dict[str, Any]:
+        spec = self.spec
+        result = remote.run(
+            ctx, host, spec.command, cwd=spec.cwd, env=spec.env, stop_signal=spec.stop_signal, grace=spec.stop_timeout
+        )
+        if result.returncode != 0:
+            raise remote.failure(host, result.returncode, spec.command, result.tail, what="the job")
+        if spec.creates:
+            missing, _ = remote.observe(host, spec.cwd, spec.creates, [])
+            if missing:
+                raise StepError(f"the job succeeded but did not create {missing} on {host}")
+        return {"exit_code": 0, "detached": False, "host": host}
 
     def _start(self, ctx: StepContext, cwd: Path) -> dict[str, Any]:
         jobfile = self.job_path(ctx)
@@ -314,6 +377,8 @@ class LaunchStep(StepKind[LaunchSpec]):
     def stop(self, ctx: StepContext) -> str:
         if self.ray:
             return self.ray.stop(ctx)
+        if self.away:
+            return self.away.stop(ctx)
         if not self.spec.detach:
             raise StepError("a foreground launch stops when its apply stops (Ctrl-C): nothing runs in the background")
         job = self.job(ctx)
@@ -330,6 +395,8 @@ class LaunchStep(StepKind[LaunchSpec]):
 
     def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
         done: list[str] = []
+        if self.away:
+            return self.away.teardown(ctx, dry_run)
         if self.ray:
             if self.ray.live_work(ctx):
                 done.append("would stop the Ray job" if dry_run else self.ray.stop(ctx))
