@@ -30,9 +30,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
-from steps._support import faults
+from steps._support import faults, remote
 from steps._support.gitdir import git_dir, head, origin_url, same_url
 from steps._support.process import run_process
 from steps._support.supervise import start_time
@@ -69,6 +69,25 @@ class GitSpec(SpecModel):
     update: bool = Field(False, description="A branch follows its remote on every apply (asks the remote each time).")
     force: bool = Field(False, description="Check out over local changes to tracked files, and fix a wrong origin.")
     attempts: int = Field(3, ge=1, le=10, description="Tries for each network operation, with backoff between.")
+    host: str | None = Field(
+        None,
+        description="Clone on that machine over ssh, with its git (a ~/.ssh/config alias, user@host or "
+        "ssh://user@host:port): `dest` is a path there (relative: from the login directory) and `url` one it reaches.",
+    )
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        return remote.check_host(value)
+
+    @model_validator(mode="after")
+    def _url_there(self) -> GitSpec:
+        if self.host and self.url.startswith(("./", "../")):
+            raise ValueError(
+                f"url {self.url!r} is a path beside the pipeline file, on this machine: with `host`, give a url "
+                "that machine reaches (https://, ssh, or a path there)"
+            )
+        return self
 
 
 class GitNetworkError(StepError):
@@ -83,13 +102,24 @@ class GitStep(StepKind[GitSpec]):
     local_probe = True
     kind = "git"
     Spec = GitSpec
-    outputs = frozenset({"commit", "path", "branch"})
+    outputs = frozenset({"commit", "path", "branch", "host"})
     cosmetic_fields = frozenset({"attempts"})
 
     # ---- probe: file reads only --------------------------------------------------------------------------
 
+    @property
+    def away(self) -> Any:
+        """The clone on another machine (`host`), or None."""
+        if not self.spec.host:
+            return None
+        from steps._support.remote_git import RemoteGit
+
+        return RemoteGit(self)
+
     def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[str]) -> list[str]:
         spec = self.spec
+        if spec.host:
+            return changes
         old_ref = old_spec.get("ref")
         if old_ref == spec.ref:
             return changes
@@ -110,6 +140,8 @@ class GitStep(StepKind[GitSpec]):
         return os.fspath(ctx.resolve(url)) if url.startswith(("./", "../")) else url
 
     def probe(self, ctx: StepContext) -> Probe:
+        if self.away:
+            return self.away.probe(ctx)
         spec = self.spec
         dest = ctx.resolve(spec.dest)
         gitdir = git_dir(dest)
@@ -163,6 +195,8 @@ class GitStep(StepKind[GitSpec]):
         """With --purge: the clone, if it is a clone of this step's url (a directory of someone else's stays)."""
         if not purge:
             return None
+        if self.away:
+            return self.away.teardown(ctx, dry_run)
         dest = ctx.resolve(self.spec.dest)
         gitdir = git_dir(dest) if dest.is_dir() and not dest.is_symlink() else None
         if gitdir is None:
@@ -175,6 +209,8 @@ class GitStep(StepKind[GitSpec]):
         return f"removed the clone {dest}"
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
+        if self.away:
+            return self.away.apply(ctx)
         spec = self.spec
         dest = ctx.resolve(spec.dest)
         if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
