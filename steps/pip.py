@@ -46,6 +46,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from steps._support import remote
 from steps._support.files import atomic_write, content_digest
 from steps._support.installer import find_uv, pip_settings, uv_arguments
 from steps._support.interpreter import this_python
@@ -252,6 +253,11 @@ class PipSpec(SpecModel):
         description="More arguments for the installer: `pip install`'s (so `installer: auto` then uses pip), or "
         "`uv pip install`'s with `installer: uv`.",
     )
+    host: str | None = Field(
+        None,
+        description="Install on that machine over ssh, with its interpreter and pip (a ~/.ssh/config alias, "
+        "user@host or ssh://user@host:port): paths are paths there. The check is one round trip.",
+    )
     installer: Literal["auto", "uv", "pip"] = Field(
         "auto",
         description="What installs: `auto` uses uv when runner finds it (the `uv` package beside runner, or `uv` on "
@@ -279,10 +285,19 @@ class PipSpec(SpecModel):
                 raise ValueError(f"{item!r} is not a requirement: {exc}") from None
         return value
 
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        return remote.check_host(value)
+
     @model_validator(mode="after")
     def _something(self) -> PipSpec:
         if not (self.packages or self.requirements or self.editable):
             raise ValueError("give at least one of `packages`, `requirements` or `editable`")
+        if self.host and self.inherit_packages:
+            raise ValueError("`inherit_packages` is not available with `host` yet: give the venv what it needs")
+        if self.host and self.installer == "uv":
+            raise ValueError("`installer: uv` is not available with `host` yet: pip installs there (`auto` or `pip`)")
         return self
 
 
@@ -291,7 +306,20 @@ class PipStep(StepKind[PipSpec]):
     kind = "pip"
     Spec = PipSpec
     cosmetic_fields = frozenset({"installer"})
-    outputs = frozenset({"versions", "python"})
+    outputs = frozenset({"versions", "python", "host"})
+
+    _remote: Any = None
+
+    @property
+    def away(self) -> Any:
+        """The install on another machine (`host`), or None."""
+        if not self.spec.host:
+            return None
+        if self._remote is None:
+            from steps._support.remote_pip import RemotePip
+
+            self._remote = RemotePip(self)
+        return self._remote
 
     # ---- where ----------------------------------------------------------------------------------------
 
@@ -349,6 +377,8 @@ class PipStep(StepKind[PipSpec]):
         return reqs, editables, read
 
     def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
+        if self.away:
+            return self.away.fingerprint_extra(ctx)
         spec = self.spec
         files = [ctx.resolve(p) for p in spec.requirements + spec.constraints]
         for path in spec.editable:
@@ -391,6 +421,8 @@ class PipStep(StepKind[PipSpec]):
 
     def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[str]) -> list[str]:
         """The spec changed: say what that means for this environment (`e2b: 2.63.0 installed, wants <2.51`)."""
+        if self.away:
+            return changes
         python = self.target_python(ctx)
         if "/" in python and not Path(python).exists():
             return changes
@@ -398,6 +430,8 @@ class PipStep(StepKind[PipSpec]):
         return changes + (problems or ["(already satisfied: pip will not run)"])
 
     def probe(self, ctx: StepContext) -> Probe:
+        if self.away:
+            return self.away.probe(ctx)
         python = self.target_python(ctx)
         if not Path(python).exists() and "/" in python:
             return Probe.missing(f"{python} does not exist" + (" (no venv yet)" if self.spec.venv else ""))
@@ -415,6 +449,8 @@ class PipStep(StepKind[PipSpec]):
         that is not the step's own venv are left alone)."""
         if not purge or not self.spec.venv:
             return None
+        if self.away:
+            return self.away.teardown(ctx, dry_run)
         venv = ctx.resolve(self.spec.venv)
         if venv.is_symlink() or not (venv / "pyvenv.cfg").is_file():
             return None
@@ -425,6 +461,8 @@ class PipStep(StepKind[PipSpec]):
         return f"removed the venv {venv}"
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
+        if self.away:
+            return self.away.apply(ctx)
         spec = self.spec
         made_venv = False
         uv: str | None = None
