@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -30,6 +31,7 @@ class Run:
 class Project:
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.extra_env: dict[str, str] = {}  # for every command this project runs (the ssh settings, say)
 
     def write(self, text: str, name: str = "pipeline.yaml") -> Path:
         target = self.path / name
@@ -40,6 +42,7 @@ class Project:
         env = dict(os.environ)
         env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
         env.pop("RUNNER_DEBUG", None)
+        env.update(self.extra_env)
         return env
 
     def argv(self, *args: str) -> list[str]:
@@ -193,3 +196,56 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# ---- real OpenSSH on loopback: two "machines", node1 (127.0.0.1) and node2 (127.0.0.2) ----------------------
+
+
+@pytest.fixture(scope="session")
+def ssh_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """One sshd listening on 127.0.0.1 and 127.0.0.2, and an ssh_config naming them node1 and node2 (with the
+    test's key and known_hosts): what runner's `ssh` reads through RUNNER_SSH_CONFIG. `accepted()` counts the
+    connections the server let in."""
+    import tempfile
+
+    from sshd import start_sshd, wait_until_in
+
+    root = Path(tempfile.mkdtemp(prefix="rsshd-"))  # short: control socket paths have a length limit
+    port = free_port()
+    server = start_sshd(root, port, ["127.0.0.1", "127.0.0.2"])
+    user = os.environ.get("USER") or "root"
+    kind, key = server.host_key
+    (root / "known_hosts").write_text(f"[127.0.0.1]:{port} {kind} {key}\n[127.0.0.2]:{port} {kind} {key}\n")
+    config = root / "ssh_config"
+    config.write_text(
+        "Host node1\n  HostName 127.0.0.1\nHost node2\n  HostName 127.0.0.2\n"
+        f"Host *\n  User {user}\n  Port {port}\n  IdentityFile {root}/client_key\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {root}/known_hosts\n"
+    )
+    wait_until_in(["ssh", "-F", str(config), "-o", "BatchMode=yes", "node1", "true"], server)
+    yield {"config": str(config), "root": root, "port": port, "server": server, "user": user}
+    server.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def remote(project: Project, ssh_hosts: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """The project set up to reach node1 and node2, with control sockets of its own (so what a test counts is its
+    own connections); the masters it leaves are closed at the end."""
+    import tempfile
+
+    control = tempfile.mkdtemp(prefix="rsc-")
+    project.extra_env.update({"RUNNER_SSH_CONFIG": ssh_hosts["config"], "RUNNER_SSH_CONTROL_DIR": control})
+    yield {**ssh_hosts, "control": control}
+    close_masters(ssh_hosts["config"], control)
+
+
+def close_masters(config: str, control: str) -> None:
+    """`ssh -O exit` for each master whose socket is in `control`, then the directory."""
+    for host in ("node1", "node2"):
+        subprocess.run(
+            ["ssh", "-F", config, "-o", f"ControlPath={control}/%C", "-O", "exit", host],
+            capture_output=True,
+            timeout=20,
+        )
+    shutil.rmtree(control, ignore_errors=True)

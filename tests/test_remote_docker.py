@@ -7,99 +7,52 @@ import json
 import os
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import BUSYBOX_IMAGE, Project, free_port
-
-SSHD = "/usr/sbin/sshd"
-
-
-def _ensure_sshd() -> None:
-    if os.path.exists(SSHD):
-        return
-    if os.geteuid() == 0 and (os.environ.get("CI") == "true" or os.environ.get("RUNNER_SSH_INSTALL") == "1"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        if subprocess.run(
-            ["apt-get", "install", "-y", "-q", "openssh-server"], env=env, capture_output=True
-        ).returncode:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True)
-            subprocess.run(["apt-get", "install", "-y", "-q", "openssh-server"], env=env, capture_output=True)
-    if not os.path.exists(SSHD):
-        if os.environ.get("CI") == "true":
-            pytest.fail("no sshd and it could not be installed (apt-get install openssh-server)")
-        pytest.skip("no OpenSSH server (apt-get install openssh-server, or RUNNER_SSH_INSTALL=1 as root)")
+from sshd import start_sshd, wait_until_in
 
 
 @pytest.fixture(scope="module")
 def ssh_engine(tmp_path_factory: pytest.TempPathFactory, docker_host: str) -> Iterator[dict[str, Any]]:
     """An sshd on 127.0.0.1:PORT that lets the test's key in and points `docker` at the test engine."""
-    _ensure_sshd()
     root = tmp_path_factory.mktemp("sshd")
-    for name in ("host_key", "client_key"):
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / name)], check=True)
-    shutil.copy(root / "client_key.pub", root / "authorized_keys")
     port = free_port()
-    docker_cli = shutil.which("docker")
-    if docker_cli is None:
+    if shutil.which("docker") is None:
         pytest.skip("no docker CLI on the host behind sshd (`docker system dial-stdio` runs there)")
-    (root / "sshd_config").write_text(
-        f"""Port {port}
-ListenAddress 127.0.0.1
-HostKey {root}/host_key
-PidFile {root}/sshd.pid
-AuthorizedKeysFile {root}/authorized_keys
-StrictModes no
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-UsePAM no
-ForceCommand env DOCKER_HOST={docker_host} sh -c "$SSH_ORIGINAL_COMMAND"
-"""
+    server = start_sshd(
+        root,
+        port,
+        ["127.0.0.1"],
+        f'ForceCommand env DOCKER_HOST={docker_host} sh -c "$SSH_ORIGINAL_COMMAND"\n',
     )
-    Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
-    log = open(root / "sshd.log", "w")
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(root / "sshd_config")], stdout=log, stderr=log)
     home = root / "home"
     (home / ".ssh").mkdir(parents=True)
     user = os.environ.get("USER") or "root"
     (home / ".ssh" / "config").write_text(
         f"Host 127.0.0.1\n  User {user}\n  Port {port}\n  IdentityFile {root}/client_key\n"
     )
-    host_key = (root / "host_key.pub").read_text().split()
-    (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key[0]} {host_key[1]}\n")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        probe = subprocess.run(
-            [
-                "ssh",
-                "-F",
-                str(home / ".ssh" / "config"),
-                "-o",
-                f"UserKnownHostsFile={home}/.ssh/known_hosts",
-                "-o",
-                "BatchMode=yes",
-                "127.0.0.1",
-                "docker version --format '{{.Server.Version}}'",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=20,
-        )
-        if probe.returncode == 0:
-            break
-        time.sleep(0.3)
-    else:
-        proc.terminate()
-        pytest.fail(f"sshd did not let the test in: {probe.stderr}\n{(root / 'sshd.log').read_text()}")
+    kind, key = server.host_key
+    (home / ".ssh" / "known_hosts").write_text(f"[127.0.0.1]:{port} {kind} {key}\n")
+    wait_until_in(
+        [
+            "ssh",
+            "-F",
+            str(home / ".ssh" / "config"),
+            "-o",
+            f"UserKnownHostsFile={home}/.ssh/known_hosts",
+            "-o",
+            "BatchMode=yes",
+            "127.0.0.1",
+            "docker version --format '{{.Server.Version}}'",
+        ],
+        server,
+    )
     yield {"address": f"ssh://{user}@127.0.0.1:{port}", "home": str(home), "port": port}
-    proc.terminate()
-    proc.wait(timeout=10)
-    log.close()
+    server.stop()
 
 
 def test_a_container_converges_through_ssh_and_again_without_change(

@@ -176,8 +176,15 @@ class RemoteJob:
 mkdir -p "{directory}" && chmod 700 "$HOME/.runner" "$HOME/.runner/jobs" "{directory}" 2>/dev/null
 rm -f "{exit_file}"
 : >> {log_word} || {{ echo NOLOG; exit 0; }}
-setsid sh -c {ssh.quote(wrapper)} "{exit_file}" </dev/null >> {log_word} 2>&1 &
-_p=$!
+rm -f "{exit_file}.pid"
+_l='echo $$ > "$1.pid"; exec sh -c "$2" "$1"'
+if setsid -f true >/dev/null 2>&1; then
+  setsid -f sh -c "$_l" launch "{exit_file}" {ssh.quote(wrapper)} </dev/null >> {log_word} 2>&1
+else
+  setsid sh -c "$_l" launch "{exit_file}" {ssh.quote(wrapper)} </dev/null >> {log_word} 2>&1 &
+fi
+_i=0; while [ ! -s "{exit_file}.pid" ] && [ $_i -lt 100 ]; do sleep 0.05; _i=$((_i+1)); done
+_p=$(cat "{exit_file}.pid" 2>/dev/null); rm -f "{exit_file}.pid"
 sleep 0.2
 echo "PID $_p $({_START})"
 echo "LOG $(cd "$(dirname {log_word})" && pwd)/$(basename {log_word})"

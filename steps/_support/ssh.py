@@ -274,7 +274,12 @@ def guarded(
     grace: float = 3.0,
 ) -> str:
     """A script that runs `body` (sh) in a process group of its own on the host, with `variables` exported and
-    in `cwd`, and stops that group (stop_signal, `grace` seconds, then KILL) when stdin ends before it does."""
+    in `cwd`, and stops that group (stop_signal, `grace` seconds, then KILL) when stdin ends before it does.
+
+    The command runs in the script's foreground and the watch on stdin in its background: a non-interactive
+    shell starts a background command with SIGINT and SIGQUIT ignored (POSIX, "Signals"), which a program cannot
+    undo, so a job whose stop signal is INT (Python's KeyboardInterrupt) would never see it. The command writes its
+    pid (its process group, through setsid) to a file the watch reads."""
     cd = ""
     if cwd:
         cd = (
@@ -282,17 +287,21 @@ def guarded(
             f"{quote(cwd)} >&2; exit {NO_DIRECTORY}; }}\n"
         )
     return f"""{exports(variables)}
-{cd}exec 3<&0
-if command -v setsid >/dev/null 2>&1; then _rs=setsid; else _rs=; fi
-$_rs sh -c {quote(body)} </dev/null &
-_rp=$!
+{cd}_rf=$(mktemp "${{TMPDIR:-/tmp}}/runner.XXXXXXXX") || exit 1
+exec 3<&0
 ( while read -r _ <&3; do :; done
-  kill -{stop_signal} -$_rp 2>/dev/null || kill -{stop_signal} $_rp 2>/dev/null
-  sleep {grace:g}; kill -KILL -$_rp 2>/dev/null ) >/dev/null 2>&1 &
+  _g=; _i=0
+  while [ -z "$_g" ] && [ $_i -lt 50 ]; do _g=$(cat "$_rf" 2>/dev/null); [ -n "$_g" ] || sleep 0.1; _i=$((_i+1)); done
+  [ -n "$_g" ] || exit 0
+  kill -{stop_signal} -"$_g" 2>/dev/null || kill -{stop_signal} "$_g" 2>/dev/null
+  sleep {grace:g}; kill -KILL -"$_g" 2>/dev/null ) >/dev/null 2>&1 &
 _rd=$!
 exec 3<&-
-wait $_rp; _rc=$?
+if command -v setsid >/dev/null 2>&1; then _rs=setsid; else _rs=; fi
+$_rs sh -c 'echo $$ > "$1"; exec sh -c "$0"' {quote(body)} "$_rf" </dev/null
+_rc=$?
 kill $_rd 2>/dev/null
+rm -f "$_rf"
 exit $_rc
 """
 

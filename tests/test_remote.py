@@ -1,0 +1,379 @@
+"""Steps on other machines over ssh, against a real OpenSSH server on loopback: node1 is 127.0.0.1 and node2 is
+127.0.0.2 (one sshd, two addresses, so two hosts with a connection each). Every kind that takes `host:` is run
+there, converged, and re-run; the connections the server let in are counted from its own log."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Project, close_masters, free_port
+from wheels import make_wheel
+
+SECRET = "s3cr3t-" + "Q" * 12 + "-value"
+
+
+def _repo(where: Path) -> tuple[Path, str, str]:
+    """A bare repository with a main branch of two commits and a tag v1 on the first: (path, first, second)."""
+    work = where / "src"
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
+    env["GIT_COMMITTER_EMAIL"] = "t@t"
+
+    def git(*args: str, cwd: Path = work) -> str:
+        return subprocess.run(["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True).stdout
+
+    work.mkdir(parents=True)
+    git("init", "-q", "-b", "main")
+    (work / "f").write_text("1\n")
+    git("add", "f")
+    git("commit", "-qm", "one")
+    git("tag", "v1")
+    first = git("rev-parse", "HEAD").strip()
+    (work / "f").write_text("2\n")
+    git("commit", "-qam", "two")
+    second = git("rev-parse", "HEAD").strip()
+    bare = where / "repo.git"
+    git("clone", "-q", "--bare", str(work), str(bare), cwd=where)
+    return bare, first, second
+
+
+def test_every_remote_kind_converges_on_two_hosts_and_a_rerun_opens_one_connection_per_host(
+    project: Project, remote: dict[str, Any], tmp_path: Path
+) -> None:
+    server = remote["server"]
+    there = tmp_path / "there"  # "the other machine's" files (same filesystem: loopback)
+    there.mkdir()
+    bare, first, _ = _repo(tmp_path / "git")
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "alpha", "1.0", ["beta>=2"])
+    make_wheel(wheels, "beta", "2.1")
+    port = remote["port"]
+    project.write(
+        f"""
+        name: remote
+        vars: {{hosts: [node1, node2], there: "{there}"}}
+        steps:
+          - name: creds
+            env: {{SERVICE_API_KEY: "{SECRET}", MODE: fast}}
+          - name: prepare
+            needs: [creds]
+            for_each: "{{{{ vars.hosts }}}}"
+            run:
+              host: "{{{{ item }}}}"
+              command: >-
+                mkdir -p "{there}/{{{{ item }}}}" && printf '%s' "$SERVICE_API_KEY" > "{there}/{{{{ item }}}}/key" &&
+                echo "$MODE" > "{there}/{{{{ item }}}}/it's a \\$file" && echo ran >> "{there}/count"
+              creates: ["{there}/{{{{ item }}}}/it's a $file"]
+          - name: checks
+            needs: [prepare]
+            assert:
+              host: node1
+              path: "{there}/node1/*"
+              program: [sh, git]
+              kernel: "3.0"
+              sysctl: {{kernel.pid_max: 300}}
+              env: SERVICE_API_KEY
+              file: "{there}/node1/key"
+              contains: "{SECRET[:8]}"
+          - name: kernel
+            needs: [checks]
+            capture: {{host: node2, command: "uname -r"}}
+          - name: key_back
+            needs: [prepare]
+            capture: {{host: node2, command: [cat, "{there}/node2/key"], secret: true}}
+          - name: clone
+            needs: [checks]
+            git: {{host: node1, url: "{bare}", dest: "{there}/clone", ref: v1}}
+          - name: deps
+            needs: [checks]
+            pip:
+              host: node2
+              python: "{sys.executable}"
+              venv: "{there}/venv"
+              packages: [alpha]
+              find_links: ["{wheels}"]
+              no_index: true
+          - name: sshd_seen_from_node2
+            needs: [checks]
+            wait: {{host: node2, tcp: "127.0.0.2:{port}", timeout: 10}}
+          - name: job
+            needs: [clone, deps]
+            launch:
+              host: node1
+              cwd: "{there}/clone"
+              command: ["{there}/venv/bin/python", -c, "import alpha, beta; print('job', alpha.VERSION, beta.VERSION)"]
+        """
+    )
+    first_run = project.run("apply", "-j", "4")
+    assert first_run.code == 0, first_run.text
+    assert "changed=" in first_run.out and "failed=0" in first_run.out
+    assert (there / "node1" / "it's a $file").read_text() == "fast\n"  # exported MODE reached both hosts
+    assert (there / "node2" / "key").read_text() == SECRET
+    assert (there / "clone" / "f").read_text() == "1\n"
+    assert subprocess.run(
+        ["git", "-C", str(there / "clone"), "rev-parse", "HEAD"], capture_output=True, text=True
+    ).stdout.strip() == first
+    assert "job 1.0 2.1" in first_run.out  # a foreground launch streams, as a local one does
+    assert (there / "count").read_text().count("ran") == 2
+
+    state = json.loads((project.path / ".runner" / "state.json").read_text())["steps"]
+    assert {"prepare[node1]", "prepare[node2]"} <= set(state)  # one record per host
+    assert state["prepare[node1]"]["outputs"]["host"] == "node1"
+    assert state["kernel"]["outputs"]["value"] == os.uname().release
+    assert state["deps"]["outputs"]["versions"] == {"alpha": "1.0"}
+    assert state["clone"]["outputs"]["host"] == "node1"
+
+    # nothing secret in what runner printed, logged or kept in the clear (the 0600 files are for secrets)
+    for path in [*project.path.joinpath(".runner").rglob("*")]:
+        if path.is_file() and path.name in ("secrets.json", "env.sh"):
+            assert path.stat().st_mode & 0o077 == 0, path
+        elif path.is_file():
+            assert SECRET not in path.read_text(errors="replace"), path
+    assert SECRET not in first_run.text
+
+    # a converged re-run with no master left: one connection per host, nothing run
+    close_masters(remote["config"], remote["control"])
+    before = server.accepted()
+    again = project.run("apply", "-j", "4")
+    assert again.code == 0 and "changed=0" in again.out, again.text
+    assert (there / "count").read_text().count("ran") == 2
+    assert server.accepted() - before == 2, "a converged run opens one connection to each of its two hosts"
+
+    # and the next one, within ControlPersist, opens none
+    before = server.accepted()
+    third = project.run("apply")
+    assert third.code == 0 and "changed=0" in third.out, third.text
+    assert server.accepted() == before
+
+
+def test_no_secret_on_a_command_line_there(project: Project, remote: dict[str, Any], tmp_path: Path) -> None:
+    """While a remote step runs, no process on the machine (the local ssh, sshd's session, the remote shell)
+    carries the exported secret in its argv: it travelled on stdin."""
+    found = tmp_path / "found"
+    project.write(
+        f"""
+        name: argv
+        steps:
+          - name: creds
+            env: {{SERVICE_API_KEY: "{SECRET}"}}
+          - name: look
+            needs: [creds]
+            run:
+              host: node1
+              command: >-
+                printf '%s' "$SERVICE_API_KEY" > {tmp_path}/needle;
+                for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < "$f" 2>/dev/null; echo; done
+                | grep -c -F -f {tmp_path}/needle > {found}; test -s {tmp_path}/needle
+        """
+    )
+    result = project.run("apply")
+    assert result.code == 0, result.text
+    assert found.read_text().strip() == "0"
+    assert (tmp_path / "needle").read_text() == SECRET  # the value did arrive, by stdin
+
+
+def _ssh_config(remote: dict[str, Any], tmp_path: Path, body: str) -> str:
+    config = tmp_path / "ssh_config"
+    config.write_text(body + f"Host *\n  User {remote['user']}\n  IdentitiesOnly yes\n  StrictHostKeyChecking yes\n")
+    return str(config)
+
+
+def test_connection_errors_name_the_host_and_what_to_check(
+    project: Project, remote: dict[str, Any], tmp_path: Path
+) -> None:
+    root = remote["root"]
+    other_key = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
+    empty_known = tmp_path / "known_hosts_empty"
+    empty_known.write_text("")
+    dead = free_port()
+    config = _ssh_config(
+        remote,
+        tmp_path,
+        f"Host stranger\n  HostName 127.0.0.1\n  Port {remote['port']}\n  IdentityFile {root}/client_key\n"
+        f"  UserKnownHostsFile {empty_known}\n"
+        f"Host wrongkey\n  HostName 127.0.0.1\n  Port {remote['port']}\n  IdentityFile {other_key}\n"
+        f"  UserKnownHostsFile {root}/known_hosts\n"
+        f"Host down\n  HostName 127.0.0.1\n  Port {dead}\n  IdentityFile {root}/client_key\n"
+        f"Host node1\n  HostName 127.0.0.1\n  Port {remote['port']}\n  IdentityFile {root}/client_key\n"
+        f"  UserKnownHostsFile {root}/known_hosts\n",
+    )
+    project.extra_env["RUNNER_SSH_CONFIG"] = config
+    project.write(
+        """
+        name: errors
+        steps:
+          - {name: unknown_key, needs: [], run: {host: stranger, command: "true"}}
+          - {name: refused, needs: [], run: {host: wrongkey, command: "true"}}
+          - {name: unreachable, needs: [], run: {host: down, command: "true"}}
+          - {name: missing_command, needs: [], run: {host: node1, command: "no-such-program-xyz --flag"}}
+          - {name: missing_program, needs: [], launch: {host: node1, command: [no-such-program-xyz]}}
+        """
+    )
+    result = project.run("apply", "--keep-going")
+    assert result.code == 1, result.text
+    out = result.out
+    assert "cannot reach stranger over ssh: host key unknown" in out
+    assert "known_hosts" in out and "ssh-keyscan" in out
+    assert "cannot reach wrongkey over ssh: authentication refused" in out and "BatchMode" in out
+    assert "cannot reach down over ssh: unreachable" in out and "sshd listens" in out
+    assert "exited with code 127 on node1: no-such-program-xyz --flag" in out
+    assert "a command was not found on node1 (exit 127)" in out
+    assert "the job exited with code 127 on node1" in out
+    assert "Traceback" not in result.text
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["-oProxyCommand=touch /tmp/pwned", "a b", "ops@host:22", "ssh://ops@host:99999", "host;id"],
+)
+def test_a_host_that_is_no_ssh_destination_is_bad_input(project: Project, host: str) -> None:
+    project.write(
+        f"""
+        name: bad
+        steps:
+          - name: x
+            run: {{host: "{host}", command: "true"}}
+        """
+    )
+    result = project.run("plan")
+    assert result.code == 2, result.text
+    assert "pipeline.yaml:4:" in result.err and "run.host" in result.err, result.err
+    assert "Traceback" not in result.text
+
+
+def test_a_detached_job_there_is_adopted_stopped_and_its_log_followed(
+    project: Project, remote: dict[str, Any], tmp_path: Path
+) -> None:
+    marker = tmp_path / "ended"
+    project.write(
+        f"""
+        name: job
+        steps:
+          - name: creds
+            env: {{SERVICE_API_KEY: "{SECRET}"}}
+          - name: train
+            needs: [creds]
+            launch:
+              host: node2
+              detach: true
+              stop_signal: INT
+              stop_timeout: 5
+              command: >-
+                trap 'echo got INT; touch {marker}; exit 3' INT;
+                echo "key $SERVICE_API_KEY"; i=0; while [ $i -lt 600 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done
+          - name: short
+            needs: []
+            launch: {{host: node1, detach: true, command: "echo one; sleep 1; echo two"}}
+        """
+    )
+    started = project.run("apply")
+    assert started.code == 0, started.text
+    job = json.loads((project.path / ".runner" / "jobs" / "train.json").read_text())
+    assert job["host"] == "node2" and job["pid"] > 1
+    assert SECRET not in json.dumps(job)
+
+    again = project.run("apply")
+    assert again.code == 0 and "changed=0" in again.out, again.text
+    assert "running on node2" in again.out
+    assert json.loads((project.path / ".runner" / "jobs" / "train.json").read_text())["pid"] == job["pid"]
+
+    # the log, read there: masked, and -f ends with the job
+    time.sleep(0.5)
+    log = project.run("logs", "train")
+    assert log.code == 0 and "tick 1" in log.out, log.text
+    assert SECRET not in log.out and "key ********" in log.out
+    followed = project.run("logs", "short", "-f", timeout=30)
+    assert followed.code == 0 and "one" in followed.out and "two" in followed.out, followed.text
+
+    stopped = project.run("stop", "train")
+    assert stopped.code == 0 and "stopped pid" in stopped.out and "on node2" in stopped.out, stopped.text
+    assert marker.exists()  # the stop signal asked (SIGINT), the job's trap ran
+    assert not Path(f"/proc/{job['pid']}").exists() or _zombie(job["pid"])
+    plan = project.run("plan")
+    assert "stopped by `runner stop`" in plan.out, plan.text
+    forced = project.run("apply", "--force", "train")
+    assert forced.code == 0, forced.text
+    relaunched = json.loads((project.path / ".runner" / "jobs" / "train.json").read_text())
+    assert relaunched["pid"] != job["pid"]
+    down = project.run("down")
+    assert down.code == 0 and "on node2" in down.out, down.text
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def test_kill_9_of_the_runner_stops_the_remote_step_and_the_next_apply_resumes(
+    project: Project, remote: dict[str, Any], tmp_path: Path
+) -> None:
+    started = tmp_path / "started"
+    fast = tmp_path / "fast"
+    done = tmp_path / "done"
+    tag = f"remote-sleeper-{os.getpid()}"
+    project.write(
+        f"""
+        name: crash
+        steps:
+          - name: long
+            run:
+              host: node1
+              command: >-
+                echo go >> {started}; [ -f {fast} ] || sh -c 'exec -a {tag} sleep 120' || sleep 120; touch {done}
+              creates: ["{done}"]
+        """
+    )
+    proc = project.popen("apply")
+    deadline = time.monotonic() + 30
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert started.exists(), proc.communicate(timeout=10)
+    time.sleep(0.3)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+    def sleeping() -> list[str]:
+        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        return [line for line in out.splitlines() if "sleep 120" in line or tag in line]
+
+    deadline = time.monotonic() + 15
+    while sleeping() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not sleeping(), "the remote command outlived the killed runner"
+    assert not done.exists()
+
+    fast.touch()
+    resumed = project.run("apply")
+    assert resumed.code == 0, resumed.text
+    assert "changed" in resumed.out and done.exists()
+    assert started.read_text().count("go") == 2  # run again, from the start, once
+
+
+def test_plan_and_apply_agree_on_a_failing_remote_check(project: Project, remote: dict[str, Any]) -> None:
+    project.write(
+        """
+        name: agree
+        steps:
+          - name: kvm
+            assert: {host: node1, path: /dev/no-such-device-here, message: "no KVM on the AgentENV host"}
+          - name: after
+            needs: [kvm]
+            run: {host: node1, command: "true"}
+        """
+    )
+    plan = project.run("plan")
+    assert "would fail: no KVM on the AgentENV host (/dev/no-such-device-here does not exist on node1)" in plan.out
+    apply = project.run("apply")
+    assert apply.code == 1
+    assert "no KVM on the AgentENV host (/dev/no-such-device-here does not exist on node1)" in apply.out
+    assert "blocked=1 (after)" in apply.out
