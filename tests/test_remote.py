@@ -117,9 +117,12 @@ def test_every_remote_kind_converges_on_two_hosts_and_a_rerun_opens_one_connecti
     assert (there / "node1" / "it's a $file").read_text() == "fast\n"  # exported MODE reached both hosts
     assert (there / "node2" / "key").read_text() == SECRET
     assert (there / "clone" / "f").read_text() == "1\n"
-    assert subprocess.run(
-        ["git", "-C", str(there / "clone"), "rev-parse", "HEAD"], capture_output=True, text=True
-    ).stdout.strip() == first
+    assert (
+        subprocess.run(
+            ["git", "-C", str(there / "clone"), "rev-parse", "HEAD"], capture_output=True, text=True
+        ).stdout.strip()
+        == first
+    )
     assert "job 1.0 2.1" in first_run.out  # a foreground launch streams, as a local one does
     assert (there / "count").read_text().count("ran") == 2
 
