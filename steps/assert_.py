@@ -108,6 +108,9 @@ class AssertStep(StepKind[AssertSpec]):
     cosmetic_fields = frozenset({"message"})
     changes_system = False
 
+    def remote_host(self) -> str | None:
+        return self.spec.host
+
     def _failures(self, ctx: StepContext, run_commands: bool) -> list[str]:
         if self.spec.host:
             return self._remote_failures(ctx, self.spec.host, run_commands)

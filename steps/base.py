@@ -258,6 +258,11 @@ class StepKind(Generic[SpecT]):
         """A log that lives elsewhere (a Ray job's, on its cluster): chunks of text, or None for none."""
         return None
 
+    def remote_host(self) -> str | None:
+        """The machine (an ssh destination) this step runs commands on, or None for this one: what a failed or
+        crashed run of it left running there is swept there (steps/_support/remote.py)."""
+        return None
+
     def log_file(self, ctx: StepContext) -> Path | None:
         """Where the output of what this step started goes, when not in the run's step log (`runner logs`)."""
         return None

@@ -63,6 +63,10 @@ class CaptureStep(StepKind[CaptureSpec]):
     Spec = CaptureSpec
     outputs = frozenset({"value"})
 
+    def remote_host(self) -> str | None:
+        host = self.spec.host
+        return host if host and not (self.spec.container and _engine_url(host)) else None
+
     def secret_outputs(self) -> frozenset[str]:
         return frozenset({"value"}) if self.spec.secret else frozenset()
 

@@ -107,6 +107,9 @@ class GitStep(StepKind[GitSpec]):
 
     # ---- probe: file reads only --------------------------------------------------------------------------
 
+    def remote_host(self) -> str | None:
+        return self.spec.host
+
     @property
     def away(self) -> Any:
         """The clone on another machine (`host`), or None."""

@@ -152,6 +152,9 @@ class LaunchStep(StepKind[LaunchSpec]):
     )
     cosmetic_fields = frozenset({"stop_signal", "stop_timeout", "log"})
 
+    def remote_host(self) -> str | None:
+        return self.spec.host if not self.spec.detach else None  # a detached job outlives the step on purpose
+
     def streams_output(self) -> bool:
         return not self.spec.detach and self.spec.ray is None
 

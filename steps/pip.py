@@ -310,6 +310,9 @@ class PipStep(StepKind[PipSpec]):
 
     _remote: Any = None
 
+    def remote_host(self) -> str | None:
+        return self.spec.host
+
     @property
     def away(self) -> Any:
         """The install on another machine (`host`), or None."""

@@ -78,6 +78,9 @@ class RunStep(StepKind[RunSpec]):
 
     _seen: tuple[str | None, dict[str, Any]] | None = None
 
+    def remote_host(self) -> str | None:
+        return self.spec.host
+
     def _remote_look(self) -> tuple[str | None, dict[str, Any]]:
         """On a host: `creates` and `inputs` there, in one round trip, kept for the probe and the fingerprint."""
         if self._seen is None:

@@ -317,13 +317,39 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def _guardian_of(pid: int) -> int | None:
+    """The runner's guardian (`sweep.py --guard`), a child of the runner process."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(stat[1]) == pid and b"--guard" in cmdline:
+            return int(entry.name)
+    return None
+
+
+def _running(needle: str) -> list[str]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if needle in line and "ps -eo" not in line]
+
+
+@pytest.mark.parametrize("guardian_dies_too", [False, True])
 def test_kill_9_of_the_runner_stops_the_remote_step_and_the_next_apply_resumes(
-    project: Project, remote: dict[str, Any], tmp_path: Path
+    project: Project, remote: dict[str, Any], tmp_path: Path, guardian_dies_too: bool
 ) -> None:
+    """kill -9 of the runner in the middle of a remote step: the command there stops (its stdin, the line from
+    the runner, ends), the step is not recorded done, and the next apply runs it again from the start. With the
+    guardian killed too (the control machine lost power), what the step had left running there outside its group
+    (a setsid'd daemon) is found by its tag and stopped, there, by the next apply before the step runs again."""
     started = tmp_path / "started"
     fast = tmp_path / "fast"
     done = tmp_path / "done"
-    tag = f"remote-sleeper-{os.getpid()}"
+    main_sleep = f"sleep {700 + os.getpid() % 200}.25"
+    daemon_sleep = f"sleep {900 + os.getpid() % 200}.75"
     project.write(
         f"""
         name: crash
@@ -332,34 +358,56 @@ def test_kill_9_of_the_runner_stops_the_remote_step_and_the_next_apply_resumes(
             run:
               host: node1
               command: >-
-                echo go >> {started}; [ -f {fast} ] || sh -c 'exec -a {tag} sleep 120' || sleep 120; touch {done}
+                echo go >> {started}; [ -f {fast} ] || {{ setsid {daemon_sleep} </dev/null >/dev/null 2>&1 &
+                {main_sleep}; }}; touch {done}
               creates: ["{done}"]
         """
     )
     proc = project.popen("apply")
     deadline = time.monotonic() + 30
-    while not started.exists() and time.monotonic() < deadline:
+    while not _running(main_sleep) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert started.exists(), proc.communicate(timeout=10)
-    time.sleep(0.3)
+    assert _running(main_sleep), proc.communicate(timeout=10)
+    guardian = _guardian_of(proc.pid)
+    assert guardian is not None
     os.kill(proc.pid, signal.SIGKILL)
+    if guardian_dies_too:
+        os.kill(guardian, signal.SIGKILL)
     proc.wait(timeout=10)
 
-    def sleeping() -> list[str]:
-        out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-        return [line for line in out.splitlines() if "sleep 120" in line or tag in line]
-
     deadline = time.monotonic() + 15
-    while sleeping() and time.monotonic() < deadline:
+    while _running(main_sleep) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not sleeping(), "the remote command outlived the killed runner"
+    assert not _running(main_sleep), "the remote command outlived the killed runner"
     assert not done.exists()
+    if guardian_dies_too:
+        assert _running(daemon_sleep), "the daemon left its group: only its tag finds it"
 
     fast.touch()
     resumed = project.run("apply")
     assert resumed.code == 0, resumed.text
     assert "changed" in resumed.out and done.exists()
     assert started.read_text().count("go") == 2  # run again, from the start, once
+    assert not _running(daemon_sleep)
+    if guardian_dies_too:
+        assert "had left 1 process(es) running; stopped them before running it again" in resumed.text
+        assert "(on node1)" in resumed.text
+
+
+def test_a_failed_remote_step_leaves_nothing_running_there(project: Project, remote: dict[str, Any]) -> None:
+    daemon_sleep = f"sleep {500 + os.getpid() % 200}.5"
+    project.write(
+        f"""
+        name: failing
+        steps:
+          - name: bad
+            run: {{host: node2, command: "setsid {daemon_sleep} </dev/null >/dev/null 2>&1 & sleep 0.3; exit 4"}}
+        """
+    )
+    result = project.run("apply")
+    assert result.code == 1 and "exited with code 4 on node2" in result.out, result.text
+    assert "stopped 1 process(es) it had left running" in result.text and "(on node2)" in result.text
+    assert not _running(daemon_sleep)
 
 
 def test_plan_and_apply_agree_on_a_failing_remote_check(project: Project, remote: dict[str, Any]) -> None:

@@ -179,12 +179,19 @@ class Executing(Deciding):
                 extra = render_string(extra, self._context(prep.step, self._exported_before(prep.step)))
         return self.masker.mask("\n".join(h for h in (own, extra) if h))
 
-    def _stop_left_running(self, name: str, tag: str, crashed: bool = False) -> None:
+    def _stop_left_running(self, name: str, tag: str, crashed: bool = False, prep: Prepared | None = None) -> None:
         """Stop what a failed, timed-out or interrupted run of the step left running outside its process group
-        (setsid, double forks), and say so; `crashed`: what the run that died inside the step left."""
+        (setsid, double forks), and say so; `crashed`: what the run that died inside the step left. A step on
+        another machine (`host:`) is swept there too, by the same tag."""
         if not sweep.GUARDIAN.holds(tag) and not crashed:
             return  # it started no process
-        left = sweep.stop([tag])
+        left: list[sweep.Leftover] = []
+        host = prep.instance.remote_host() if prep is not None else None
+        if host:
+            from steps._support import remote
+
+            left += [sweep.Leftover(pid, f"{command} (on {host})") for pid, command in remote.sweep(host, tag)]
+        left += sweep.stop([tag])
         sweep.GUARDIAN.release(tag)
         if not left:
             return
@@ -209,7 +216,7 @@ class Executing(Deciding):
         previous = self.record(name)
         if previous is not None and previous.status == STARTED and previous.run:
             crashed_tag = sweep.step_tag(str(self.pipeline.state_dir), previous.run, name)
-            self._stop_left_running(name, crashed_tag, crashed=True)
+            self._stop_left_running(name, crashed_tag, crashed=True, prep=prep)
         tag = sweep.step_tag(str(self.pipeline.state_dir), self.run_id, name)
         prep.ctx.process_tag = tag
         begin = now()
@@ -219,7 +226,7 @@ class Executing(Deciding):
         attempts = 0
 
         def before_retry(attempt: int, exc: BaseException | None) -> None:
-            self._stop_left_running(name, tag)
+            self._stop_left_running(name, tag, prep=prep)
             message = exc.message if isinstance(exc, StepError) else str(exc)
             self.reporter.notice(
                 f"{name}: attempt {attempt} of {common.retries + 1} failed: "
@@ -246,7 +253,7 @@ class Executing(Deciding):
                         raise _Cancelled()
                     outputs = prep.instance.apply(prep.ctx)
         except (StepError, _Cancelled) as exc:
-            self._stop_left_running(name, tag)
+            self._stop_left_running(name, tag, prep=prep)
             duration = time.monotonic() - started
             interrupted = self.cancel.is_set()
             message = self.masker.mask(exc.message if isinstance(exc, StepError) else "interrupted")
@@ -267,7 +274,7 @@ class Executing(Deciding):
             self.reporter.step_finished(result)
             return result
         except Exception as exc:  # a bug in a kind: record it, do not lose the run
-            self._stop_left_running(name, tag)
+            self._stop_left_running(name, tag, prep=prep)
             duration = time.monotonic() - started
             if isinstance(exc, OSError) and exc.strerror:  # the system said no (a full disk, a permission)
                 where = f" ({exc.filename})" if exc.filename else ""

@@ -3,6 +3,7 @@ checks of `creates`/`inputs` there in one round trip, and errors that name the h
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -130,3 +131,35 @@ def observe(
             digests.setdefault(head[1:], []).append(rest)
     missing = next((p for i, p in enumerate(creates) if not found.get(str(i), False)), None)
     return missing, {inputs[int(k)]: v for k, v in digests.items() if k.isdigit() and int(k) < len(inputs)}
+
+
+def sweep(target: str, tag: str) -> list[tuple[int, str]]:
+    """Stop, on the host, every process carrying the step's tag in its environment (what a failed, interrupted or
+    crashed run of the step left there outside its process group: a setsid'd child, a daemon), TERM then KILL
+    after 2 s, as steps/_support/sweep.py does here. Returns (pid, command) of what was found; nothing when the
+    host cannot be reached (said by the step's own error)."""
+    if not re.fullmatch(r"[0-9a-f]{8,64}", tag):
+        return []
+    script = f"""_t=RUNNER_STEP_TAG={tag}
+_found=
+for _e in /proc/[0-9]*/environ; do
+  _p=${{_e#/proc/}}; _p=${{_p%/environ}}
+  [ "$_p" = "$$" ] && continue
+  if tr '\\0' '\\n' < "$_e" 2>/dev/null | grep -qx "$_t"; then
+    _found="$_found $_p"; echo "P $_p $(tr '\\0' ' ' < /proc/$_p/cmdline 2>/dev/null | cut -c1-200)"
+  fi
+done
+[ -n "$_found" ] || exit 0
+kill -TERM $_found 2>/dev/null; sleep 2; kill -KILL $_found 2>/dev/null; :
+"""
+    try:
+        _, out = ssh.quick(target, script, timeout=60)
+    except StepError:
+        return []
+    found = []
+    for line in out.splitlines():
+        head, _, rest = line.partition(" ")
+        pid, _, command = rest.partition(" ")
+        if head == "P" and pid.isdigit():
+            found.append((int(pid), command.strip()))
+    return found

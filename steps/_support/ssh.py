@@ -289,7 +289,8 @@ def guarded(
     return f"""{exports(variables)}
 {cd}_rf=$(mktemp "${{TMPDIR:-/tmp}}/runner.XXXXXXXX") || exit 1
 exec 3<&0
-( while read -r _ <&3; do :; done
+( unset RUNNER_STEP_TAG  # the watch is runner's, not the step's: no sweep takes it for a leftover
+  while read -r _ <&3; do :; done
   _g=; _i=0
   while [ -z "$_g" ] && [ $_i -lt 50 ]; do _g=$(cat "$_rf" 2>/dev/null); [ -n "$_g" ] || sleep 0.1; _i=$((_i+1)); done
   [ -n "$_g" ] || exit 0
