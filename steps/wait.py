@@ -44,6 +44,9 @@ class WaitStep(StepKind[WaitSpec]):
     changes_system = False
     cosmetic_fields = frozenset({"interval"})
 
+    def remote_host(self) -> str | None:
+        return self.spec.host
+
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         answer = wait_ready(self.spec, ctx.cancel, on_attempt=ctx.on_output, via=self.spec.host)
         out = {"answer": answer, "target": self.spec.target}

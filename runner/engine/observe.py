@@ -95,6 +95,14 @@ class Deciding(Removals):
         return self.masker.mask(live) if live else None
 
     def _preview(self, prep: Prepared) -> str | None:
+        host = prep.instance.remote_host()
+        if host:  # a machine that cannot be reached fails every step there: plan says so, as apply will
+            from steps._support import ssh
+
+            try:
+                ssh.connect(host)
+            except StepError as exc:
+                return self.masker.mask(exc.message)
         try:
             problem = prep.instance.preview(prep.ctx)
         except (StepError, OSError):
