@@ -30,7 +30,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, field_validator, model_validator
 
@@ -38,10 +38,12 @@ from steps._support import remote
 from steps._support.files import check_patterns, expand, remove_created
 from steps._support.process import run_process
 from steps._support.ray_jobs import RayJob, RaySpec
-from steps._support.remote_job import RemoteJob
 from steps._support.supervise import TOKEN_VARIABLE, carries, start_time, write
 from steps._support.words import argv_of
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
+
+if TYPE_CHECKING:
+    from steps._support.remote_job import RemoteJob
 
 SUPERVISOR = Path(__file__).parent / "_support" / "supervise.py"
 START_GRACE = 0.5
@@ -170,6 +172,8 @@ class LaunchStep(StepKind[LaunchSpec]):
         if self.spec.host is None or not self.spec.detach:
             return None
         if self._remote is None:
+            from steps._support.remote_job import RemoteJob
+
             self._remote = RemoteJob(self)
         return self._remote
 

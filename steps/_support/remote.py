@@ -4,7 +4,6 @@ checks of `creates`/`inputs` there in one round trip, and errors that name the h
 from __future__ import annotations
 
 import re
-import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -30,11 +29,15 @@ def body_of(command: str | list[str]) -> str:
     """The shell text of a step's command: a string as it is (it runs under sh -c), a list as one exec of argv."""
     if isinstance(command, str):
         return command
-    return "exec " + shlex.join(argv_of(command))
+    return "exec " + join(argv_of(command))
+
+
+def join(words: Sequence[str]) -> str:
+    return " ".join(ssh.quote(w) for w in words)
 
 
 def shown(command: str | list[str]) -> str:
-    return command if isinstance(command, str) else shlex.join(command)
+    return command if isinstance(command, str) else join(command)
 
 
 def variables(ctx: StepContext, extra: Mapping[str, str]) -> dict[str, str]:

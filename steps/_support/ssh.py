@@ -23,15 +23,16 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shlex
-import socket
 import subprocess
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from steps.base import StepError
+
+if TYPE_CHECKING:
+    import socket
 
 PERSIST = 60
 CONNECT_TIMEOUT = 15
@@ -65,8 +66,14 @@ def display(target: str) -> str:
     return target.removeprefix("ssh://")
 
 
+_SAFE = re.compile(r"[A-Za-z0-9@%+=:,./_-]+")
+
+
 def quote(text: str) -> str:
-    return shlex.quote(text)
+    """A word for a POSIX shell (as shlex.quote, without importing shlex on a converged run)."""
+    if _SAFE.fullmatch(text):
+        return text
+    return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
 def exports(variables: Mapping[str, str]) -> str:
@@ -142,11 +149,11 @@ def local_env() -> dict[str, str]:
     return env
 
 
-@dataclass
 class _Master:
-    lock: threading.Lock
-    ready: bool = False
-    error: StepError | None = None
+    def __init__(self, lock: threading.Lock) -> None:
+        self.lock = lock
+        self.ready = False
+        self.error: StepError | None = None
 
 
 _MASTERS: dict[str, _Master] = {}
@@ -344,6 +351,7 @@ def forward(target: str, address: str, port: int, timeout: float) -> tuple[socke
     confirmation; mux.c:2277 logs it; mux.c:2288 is the failure): that line is how a refused port is told from an
     open one. StepError when the host could not connect, with what ssh said."""
     import select
+    import socket
 
     connect(target)
     mine, theirs = socket.socketpair()
