@@ -142,7 +142,10 @@ class DockerSpec(SpecModel):
     restart: str = Field("no", description="Restart policy: no, always, unless-stopped, on-failure[:N].")
     network: str | None = Field(None, description="Network mode: bridge (default), host, none, or a network name.")
     host: str | None = Field(
-        None, description="Docker Engine address (unix://, tcp://, ssh://); default DOCKER_HOST, else the socket."
+        None,
+        description="Docker Engine address (unix://, tcp://, ssh://user@host:port); a bare ssh destination, as the "
+        "other kinds' `host:` takes it (a ~/.ssh/config alias, user@host), means that machine's engine over ssh. "
+        "Default: DOCKER_HOST, else the socket.",
     )
     tls: DockerTls | None = Field(None, description="TLS for a `tcp://` engine: ca_cert, client_cert, client_key.")
     wait: Readiness | None = Field(
@@ -156,6 +159,16 @@ class DockerSpec(SpecModel):
     @classmethod
     def _strings(cls, value: Any) -> Any:
         return env_mapping(value)
+
+    @field_validator("host")
+    @classmethod
+    def _engine(cls, value: str | None) -> str | None:
+        """`host: gpu-7` (or ops@gpu-7), as run/git/pip spell a machine, is that machine's engine over ssh."""
+        if value is None or "://" in value or "{{" in value:
+            return value
+        from steps._support.ssh import check_target
+
+        return "ssh://" + (check_target(value) or value)
 
     @field_validator("ports")
     @classmethod

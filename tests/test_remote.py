@@ -428,3 +428,43 @@ def test_plan_and_apply_agree_on_a_failing_remote_check(project: Project, remote
     assert apply.code == 1
     assert "no KVM on the AgentENV host (/dev/no-such-device-here does not exist on node1)" in apply.out
     assert "blocked=1 (after)" in apply.out
+
+
+def test_the_multinode_recipe_checks_each_machine_where_it_runs(
+    project: Project, remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """examples/multinode with its machines on loopback (the AgentENV host node1, the head node2, one worker
+    node1): `plan` reads the AgentENV host's prerequisites on node1 and the head's `ray` on node2, in one
+    connection per machine, and says which machine a failing check failed on."""
+    import shutil
+
+    root = Path(__file__).resolve().parent.parent
+    shutil.copy(root / "examples" / "multinode" / "pipeline.yaml", project.path / "pipeline.yaml")
+    import yaml
+
+    cluster = yaml.safe_load((root / "examples" / "multinode" / "cluster.yaml").read_text())
+    cluster.update(aenv_ssh="node1", head_ssh="node2", workers_ssh=["node1"], shared=f"{tmp_path}/shared")
+    (project.path / "cluster.yaml").write_text(yaml.safe_dump(cluster))
+    before = remote["server"].accepted()
+    plan = project.run("plan", "--var-file", "cluster.yaml")
+    assert plan.code in (0, 2) and "plan:" in plan.out, plan.text
+    assert "cannot reach" not in plan.out, plan.out
+    lines = {line.split()[2]: line for line in plan.out.splitlines() if len(line.split()) > 2}
+    assert "aenv_ublk" in lines, plan.text
+    if not Path("/sys/module/ublk_drv").exists():
+        assert "would fail: ublk_drv is not loaded on the AgentENV host" in lines["aenv_ublk"]
+        assert "/sys/module/ublk_drv does not exist on node1" in lines["aenv_ublk"]
+    if shutil.which("ray") is None:
+        assert "ray is not on PATH on node2" in lines["ray_head"], lines["ray_head"]
+    assert remote["server"].accepted() - before == 2  # node1 and node2, once each
+
+
+def test_the_docker_kind_takes_a_machine_as_the_other_kinds_spell_it() -> None:
+    from steps.docker import DockerSpec
+
+    assert DockerSpec(name="x", image="i", host="ops@gpu-7").host == "ssh://ops@gpu-7"
+    assert DockerSpec(name="x", image="i", host="gpu-7").host == "ssh://gpu-7"
+    assert DockerSpec(name="x", image="i", host="ssh://ops@gpu-7:2222").host == "ssh://ops@gpu-7:2222"
+    assert DockerSpec(name="x", image="i", host="unix:///var/run/docker.sock").host == "unix:///var/run/docker.sock"
+    with pytest.raises(ValueError, match="not an ssh destination"):
+        DockerSpec(name="x", image="i", host="-oProxyCommand=x")
