@@ -27,7 +27,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from steps.base import StepError
 
@@ -315,24 +315,107 @@ exit $_rc
 
 
 def quick(target: str, script: str, timeout: float = 60) -> tuple[int, str]:
-    """Run a short read-only `script` on the host (a probe: one round trip), returning its exit code and output.
-    Exit 255 with ssh's own words is a connection failure: a StepError."""
+    """Run a short read-only `script` on the host (a probe: one round trip), returning its exit code and output
+    (stderr merged). It goes to the host's agent: one shell there per host and run, reading scripts on its stdin,
+    so a probe costs the round trip and not a session's set-up (sshd's fork, the login shell and its rc files).
+    A connection that fails is a StepError naming the host."""
     connect(target)
-    remote, data = payload(script)
-    try:
-        proc = subprocess.run(
-            command_argv(target, remote),
-            input=data,
-            capture_output=True,
+    with _AGENTS_LOCK:
+        agent = _AGENTS.setdefault(target, _Agent(target))
+    return agent.run(script, timeout)
+
+
+_MARK = "RUNNER-AGENT-END"
+
+
+class _Agent:
+    """A shell on the host (`exec sh -s`, a channel on the master) that runs the probes sent to it one at a time:
+    each script is `eval`ed in a subshell (a syntax error or an `exit` in it ends only that subshell), its stdin
+    /dev/null, its output followed by a line with a fresh nonce and the exit status. The script travels on the
+    shell's stdin, so nothing of it (an exported secret) is on a command line. Ends when runner does: its stdin
+    is runner's pipe."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.lock = threading.Lock()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.lines: Any = None
+        self.err: Any = None
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        import queue
+        import tempfile
+
+        self.err = tempfile.TemporaryFile()
+        proc = subprocess.Popen(
+            command_argv(self.target, "exec sh -s"),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
             env=local_env(),
-            timeout=timeout,
+            start_new_session=True,
         )
-    except subprocess.TimeoutExpired:
-        raise StepError(f"{display(target)} did not answer within {timeout:g}s over ssh") from None
-    out = proc.stdout.decode("utf-8", "replace")
-    if proc.returncode == 255:
-        raise connection_error(target, proc.stderr.decode("utf-8", "replace"))
-    return proc.returncode, out
+        lines: queue.Queue[bytes | None] = queue.Queue()
+
+        def read() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=read, daemon=True).start()
+        self.proc, self.lines = proc, lines
+        return proc
+
+    def _stop(self) -> str:
+        proc, self.proc = self.proc, None
+        said = ""
+        if proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            proc.wait()
+        if self.err is not None:
+            self.err.seek(0)
+            said = self.err.read().decode("utf-8", "replace")
+            self.err.close()
+            self.err = None
+        return said
+
+    def run(self, script: str, timeout: float) -> tuple[int, str]:
+        import queue
+        import secrets
+
+        with self.lock:
+            proc = self.proc if self.proc is not None and self.proc.poll() is None else self._start()
+            nonce = secrets.token_hex(8)
+            line = f"( eval {quote(script)} ) </dev/null 2>&1; printf '\\n{_MARK}-{nonce} %s\\n' \"$?\"\n"
+            try:
+                assert proc.stdin is not None
+                proc.stdin.write(line.encode("utf-8"))
+                proc.stdin.flush()
+            except OSError:
+                raise connection_error(self.target, self._stop()) from None
+            out: list[bytes] = []
+            end = f"{_MARK}-{nonce} ".encode()
+            deadline = time.monotonic() + timeout
+            while True:
+                try:
+                    got = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
+                except queue.Empty:
+                    self._stop()
+                    raise StepError(f"{display(self.target)} did not answer within {timeout:g}s over ssh") from None
+                if got is None:
+                    raise connection_error(self.target, self._stop())
+                if got.startswith(end):
+                    code = int(got[len(end) :].strip() or b"1")
+                    break
+                out.append(got)
+        text = b"".join(out).decode("utf-8", "replace")
+        return code, text[:-1] if text.endswith("\n") else text  # the newline the end line's printf put first
+
+
+_AGENTS: dict[str, _Agent] = {}
+_AGENTS_LOCK = threading.Lock()
 
 
 def missing_command_hint(target: str) -> str:

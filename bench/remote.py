@@ -1,0 +1,215 @@
+"""Steps on another machine: a converged run of 20 remote steps on one host, its wall time and the connections
+it opens, beside what one ssh round trip costs on this machine.
+
+    python bench/remote.py [--rounds 7] [--dir /tmp/runner-bench-remote]
+
+It starts its own OpenSSH server on 127.0.0.1 (a key and known_hosts made for it; tests/sshd.py does that for the
+tests too), writes an ssh_config naming it `benchhost`, and a pipeline of 20 steps there: 10 `run` with
+`creates`, 6 `assert` (path, program, kernel, sysctl, a file's content), 2 `git` clones and 2 `pip` installs into
+venvs (from a local wheel). It converges them, then times converged applies:
+
+- with no master connection left (a fresh control directory): one connection set-up, then every probe a channel;
+- within ControlPersist of the previous run (the edit-and-apply loop): no set-up at all;
+- both with -j 1 and -j 4;
+and, as floors, `ssh benchhost true` through a master and with a fresh connection, and a converged run of the
+same 20 steps with no `host:` (this machine). Connections are counted from the server's own log. Probes go to one
+shell per host ("the agent", a channel on the master): a probe costs a round trip, not a session. Prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from converged import Table, make_wheel, sh  # noqa: E402 - the bench's shared helpers
+from sshd import start_sshd  # noqa: E402 - the tests' real sshd, on loopback
+
+PY = sys.executable
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def pipeline(work: Path, host: str | None) -> str:
+    there = work / ("there" if host else "here")
+    on = f"host: {host}, " if host else ""
+    steps = []
+    for i in range(10):
+        steps.append(
+            f"  - {{name: make{i}, needs: [], run: {{{on}command: 'mkdir -p {there} && touch {there}/f{i}', "
+            f"creates: ['{there}/f{i}']}}}}"
+        )
+    checks = [
+        "path: /etc/hostname",
+        "program: [sh, git]",
+        "kernel: '3.0'",
+        "sysctl: {kernel.pid_max: 300}",
+        "file: /etc/os-release, contains: ID",
+        "path: /proc/self",
+    ]
+    for i, check in enumerate(checks):
+        steps.append(f"  - {{name: check{i}, needs: [], assert: {{{on}{check}}}}}")
+    for i in range(2):
+        steps.append(
+            f"  - {{name: clone{i}, needs: [], git: {{{on}url: '{work / 'repo.git'}', dest: '{there}/clone{i}'}}}}"
+        )
+    for i in range(2):
+        steps.append(
+            f"  - {{name: venv{i}, needs: [], pip: {{{on}python: '{PY}', venv: '{there}/venv{i}', "
+            f"packages: [benchpkg], find_links: ['{work / 'wheels'}'], no_index: true}}}}"
+        )
+    return "name: remote-bench\nsteps:\n" + "\n".join(steps) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--dir", default="/tmp/runner-bench-remote")
+    args = parser.parse_args()
+    work = Path(args.dir)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    root = Path(tempfile.mkdtemp(prefix="rbsshd-"))  # short: control socket paths have a length limit
+    port = free_port()
+    server = start_sshd(root, port, ["127.0.0.1"])
+    try:
+        return run(work, root, port, server, args.rounds)
+    finally:
+        server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def run(work: Path, root: Path, port: int, server: object, rounds: int) -> int:
+    user = os.environ.get("USER") or "root"
+    kind, key = server.host_key  # type: ignore[attr-defined]
+    (root / "known_hosts").write_text(f"[127.0.0.1]:{port} {kind} {key}\n")
+    config = root / "ssh_config"
+    config.write_text(
+        f"Host benchhost\n  HostName 127.0.0.1\n  User {user}\n  Port {port}\n  IdentityFile {root}/client_key\n"
+        f"  IdentitiesOnly yes\n  UserKnownHostsFile {root}/known_hosts\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # a user's machine keeps bytecode
+    env["RUNNER_SSH_CONFIG"] = str(config)
+    env["PYTHONPATH"] = str(ROOT)
+    for _ in range(100):
+        if subprocess.run(["ssh", "-F", str(config), "-o", "BatchMode=yes", "benchhost", "true"]).returncode == 0:
+            break
+        time.sleep(0.1)
+    make_wheel(work / "wheels")
+    src = work / "src"
+    sh(["git", "init", "-q", "-b", "main", str(src)])
+    (src / "f").write_text("x\n")
+    git_env = {**os.environ, "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b", "GIT_COMMITTER_NAME": "b"}
+    git_env["GIT_COMMITTER_EMAIL"] = "b@b"
+    sh(["git", "-C", str(src), "add", "f"], env=git_env)
+    sh(["git", "-C", str(src), "commit", "-qm", "one"], env=git_env)
+    sh(["git", "clone", "-q", "--bare", str(src), str(work / "repo.git")])
+
+    remote_dir = work / "remote"
+    local_dir = work / "local"
+    for d, host in ((remote_dir, "benchhost"), (local_dir, None)):
+        d.mkdir()
+        (d / "pipeline.yaml").write_text(pipeline(work, host))
+
+    def control() -> str:
+        return tempfile.mkdtemp(prefix="rbc-")
+
+    def apply(where: Path, jobs: str, control_dir: str) -> tuple[float, int, str]:
+        before = server.accepted()  # type: ignore[attr-defined]
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [PY, "-m", "runner", "apply", "-j", jobs],
+            cwd=where,
+            env={**env, "RUNNER_SSH_CONTROL_DIR": control_dir},
+            capture_output=True,
+            text=True,
+        )
+        took = time.perf_counter() - start
+        if proc.returncode != 0:
+            raise SystemExit(f"apply failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
+        return took, server.accepted() - before, proc.stdout  # type: ignore[attr-defined]
+
+    warm = control()
+    took, opened, out = apply(remote_dir, "4", warm)
+    print(f"first apply of 20 remote steps (-j 4): {took:.2f}s, {opened} connection(s) opened")
+    apply(local_dir, "4", warm)
+
+    table = Table()
+    counts: dict[str, list[int]] = {}
+    for jobs in ("1", "4"):
+        cold_t, cold_n, warm_t, warm_n, local_t = [], [], [], [], []
+        for _ in range(rounds):
+            fresh = control()
+            t, n, out = apply(remote_dir, jobs, fresh)
+            assert "changed=0" in out, out
+            cold_t.append(t)
+            cold_n.append(n)
+            t, n, out = apply(remote_dir, jobs, fresh)
+            warm_t.append(t)
+            warm_n.append(n)
+            subprocess.run(
+                ["ssh", "-F", str(config), "-o", f"ControlPath={fresh}/%C", "-O", "exit", "benchhost"],
+                capture_output=True,
+            )
+            shutil.rmtree(fresh, ignore_errors=True)
+            local_t.append(apply(local_dir, jobs, warm)[0])
+        table.add(f"converged, 20 remote steps, -j {jobs}, no master yet", cold_t, f"connections {_counts(cold_n)}")
+        kept = f"converged, 20 remote steps, -j {jobs}, master kept (ControlPersist)"
+        table.add(kept, warm_t, f"connections {_counts(warm_n)}")
+        table.add(f"converged, the same 20 steps on this machine, -j {jobs}", local_t)
+        counts[jobs] = cold_n
+
+    mux = []
+    fresh_conn = []
+    master = ["-o", f"ControlPath={warm}/%C"]
+    for _ in range(rounds):
+        start = time.perf_counter()
+        subprocess.run(["ssh", "-F", str(config), *master, "-o", "ControlMaster=no", "benchhost", "true"], check=True)
+        mux.append(time.perf_counter() - start)
+        start = time.perf_counter()
+        subprocess.run(
+            ["ssh", "-F", str(config), "-o", "ControlPath=none", "-o", "BatchMode=yes", "benchhost", "true"],
+            check=True,
+        )
+        fresh_conn.append(time.perf_counter() - start)
+    table.add("floor: `ssh benchhost true` through the master (one round trip)", mux)
+    table.add("floor: `ssh benchhost true` with a connection of its own", fresh_conn)
+    subprocess.run(["ssh", "-F", str(config), *master, "-O", "exit", "benchhost"], capture_output=True)
+    table.print()
+    one = statistics.median(mux)
+    kept = table.median("converged, 20 remote steps, -j 1, master kept (ControlPersist)")
+    here = table.median("converged, the same 20 steps on this machine, -j 1")
+    print()
+    print(f"a converged run of 20 remote steps opens {_counts(counts['1'])} connection(s) to its host (target: 1).")
+    print(
+        f"With -j 1 and the master kept, the 20 probes add {kept - here:.2f}s to the same run on this machine, "
+        f"{(kept - here) / 20 * 1000:.0f} ms a step: one session for the host's agent ({one * 1000:.0f} ms here, "
+        "what this machine's sshd and login shell take to start a command), then each probe one write and one "
+        "read on it, plus the probes' own work there (pip's lists its interpreter's packages with Python)."
+    )
+    return 0
+
+
+def _counts(values: list[int]) -> str:
+    low, high = min(values), max(values)
+    return str(low) if low == high else f"{low}-{high}"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
