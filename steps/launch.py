@@ -256,9 +256,38 @@ class LaunchStep(StepKind[LaunchSpec]):
             return Probe.missing(f"the job is gone (pid {job.get('pid')} no longer runs and left no exit status)")
         return Probe.missing(f"the job exited with code {code} at {_when(job.get('finished'))}")
 
+    def _moved(self, ctx: StepContext) -> dict[str, Any] | None:
+        """A job recorded running on another machine than the spec now says (here -> a host, a host -> here):
+        the job file, while that job still runs; it is stopped before the new one starts, never left untracked."""
+        if not self.spec.detach:
+            return None
+        job = self.job(ctx)
+        if job is None or bool(job.get("host")) == bool(self.spec.host):
+            return None  # where the spec says (a host's own changes are RemoteJob's)
+        from steps._support.remote_job import RemoteJob
+
+        if job.get("host"):
+            return job if "exit_code" not in job and RemoteJob(self).running(job) else None
+        return job if _alive(job) else None
+
+    def _stop_moved(self, ctx: StepContext, job: dict[str, Any]) -> None:
+        where = job.get("host") or "this machine"
+        ctx.on_output(f"stopping the job running on {where} (pid {job['pid']}): the step now runs its job elsewhere")
+        if job.get("host"):
+            from steps._support.remote_job import RemoteJob
+
+            RemoteJob(self)._signal(ctx, job)
+        else:
+            self._stop(ctx, job)
+        self.job_path(ctx).unlink(missing_ok=True)
+
     def live_work(self, ctx: StepContext) -> str | None:
         if self.ray:
             return self.ray.live_work(ctx)
+        moved = self._moved(ctx)
+        if moved is not None:
+            where = moved.get("host") or "this machine"
+            return f"the job runs on {where} since {_when(moved.get('started'))}, pid {moved['pid']}"
         if self.away:
             return self.away.live_work(ctx)
         if not self.spec.detach:
@@ -281,6 +310,9 @@ class LaunchStep(StepKind[LaunchSpec]):
         spec = self.spec
         if self.ray:
             return self.ray.apply(ctx)
+        moved = self._moved(ctx)
+        if moved is not None:
+            self._stop_moved(ctx, moved)
         if self.away:
             return self.away.apply(ctx)
         if spec.host:

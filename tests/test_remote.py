@@ -337,6 +337,11 @@ def _running(needle: str) -> list[str]:
     return [line for line in out.splitlines() if needle in line and "ps -eo" not in line]
 
 
+def _jobs(command: str) -> list[str]:
+    """The processes that are `command` itself (not the shells around it)."""
+    return [line for line in _running(command) if line.split(None, 1)[1].startswith(command)]
+
+
 @pytest.mark.parametrize("guardian_dies_too", [False, True])
 def test_kill_9_of_the_runner_stops_the_remote_step_and_the_next_apply_resumes(
     project: Project, remote: dict[str, Any], tmp_path: Path, guardian_dies_too: bool
@@ -468,3 +473,60 @@ def test_the_docker_kind_takes_a_machine_as_the_other_kinds_spell_it() -> None:
     assert DockerSpec(name="x", image="i", host="unix:///var/run/docker.sock").host == "unix:///var/run/docker.sock"
     with pytest.raises(ValueError, match="not an ssh destination"):
         DockerSpec(name="x", image="i", host="-oProxyCommand=x")
+
+
+def test_a_detached_job_that_moves_machine_is_stopped_where_it_ran_never_left_untracked(
+    project: Project, remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """A launch's `host` changed while its job runs: a restart pending (the job keeps running) until forced; the
+    forced apply stops the job where it ran (node1, then this machine) before starting it where the spec says."""
+    loop = f"sleep {300 + os.getpid() % 100}.125"
+
+    def write(host_line: str) -> None:
+        project.write(
+            f"""
+            name: moving
+            steps:
+              - name: train
+                launch:
+                  {host_line}
+                  detach: true
+                  stop_timeout: 2
+                  command: "{loop}"
+            """
+        )
+
+    def job() -> dict[str, Any]:
+        return json.loads((project.path / ".runner" / "jobs" / "train.json").read_text())
+
+    write("host: node1")
+    assert project.run("apply").code == 0
+    first = job()
+    assert first["host"] == "node1"
+
+    write("host: node2")
+    pending = project.run("apply")
+    assert "restart pending" in pending.text and "on node1" in pending.text, pending.text
+    assert job()["pid"] == first["pid"] and len(_jobs(loop)) == 1
+
+    forced = project.run("apply", "--force", "train")
+    assert forced.code == 0, forced.text
+    second = job()
+    assert second["host"] == "node2" and second["pid"] != first["pid"]
+    assert not Path(f"/proc/{first['pid']}").exists() or _zombie(first["pid"])
+    assert len(_jobs(loop)) == 1
+
+    write("cwd: .")  # no host: this machine
+    pending = project.run("apply")
+    assert "restart pending" in pending.text and "on node2" in pending.text, pending.text
+    forced = project.run("apply", "--force", "train")
+    assert forced.code == 0, forced.text
+    third = job()
+    assert "host" not in third and third["pid"] != second["pid"]
+    assert not Path(f"/proc/{second['pid']}").exists() or _zombie(second["pid"])
+    assert len(_jobs(loop)) == 1
+    assert project.run("down").code == 0
+    deadline = time.monotonic() + 10
+    while _running(loop) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(loop)

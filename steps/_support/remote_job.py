@@ -43,9 +43,13 @@ class RemoteJob:
 
     @property
     def host(self) -> str:
-        host = self.step.spec.host
-        assert isinstance(host, str)
-        return host
+        """Where the step starts its job: the spec's host ("" for a step that now runs its job here)."""
+        return str(self.step.spec.host or "")
+
+    def where(self, job: dict[str, Any] | None) -> str:
+        """Where a recorded job runs: the host it was started on (the spec's host may have changed since)."""
+        recorded = job.get("host") if job else None
+        return recorded if isinstance(recorded, str) and recorded else self.host
 
     # ---- the job file, on the control machine ---------------------------------------------------------------
 
@@ -101,8 +105,17 @@ class RemoteJob:
             word = remote.glob_word(pattern)
             lines.append(f'_f=0; for _q in {word}; do [ -e "$_q" ] && _f=1 && break; done; echo "C{index} $_f"')
         alive, code, found = False, None, {}
-        if lines:
-            _, out = ssh.quick(self.host, "\n".join(lines) + "\n:\n")
+        elsewhere = job is not None and self.where(job) != self.host
+        if elsewhere:  # the job runs where the spec no longer says: its state is read there, `creates` here
+            job_lines = [line for line in lines if not line.startswith(("cd ", "_f=0"))]
+            lines = [line for line in lines if line.startswith(("cd ", "_f=0"))]
+            _, there = ssh.quick(self.where(job), "\n".join(job_lines) + "\n:\n")
+        else:
+            there = ""
+        if lines or there:
+            out = there
+            if lines:
+                out += ssh.quick(self.host, "\n".join(lines) + "\n:\n")[1]
             for line in out.splitlines():
                 head, _, rest = line.partition(" ")
                 if head == "RUN":
@@ -115,10 +128,22 @@ class RemoteJob:
         self._seen = {"job": job, "alive": alive, "exit_code": code, "missing": missing}
         return self._seen
 
+    def running(self, job: dict[str, Any]) -> bool:
+        """Whether a recorded job still runs where it was started (its pid, start time and token): one round trip."""
+        pid, token = job.get("pid"), str(job.get("token", ""))
+        if not isinstance(pid, int) or pid <= 1:
+            return False
+        script = (
+            f'_p={pid}; if [ "$({_START})" = {ssh.quote(str(job.get("start_time")))} ] && '
+            f"tr '\\0' '\\n' < /proc/$_p/environ 2>/dev/null | grep -qx {ssh.quote(f'{TOKEN}={token}')}; "
+            "then echo RUN; fi\n"
+        )
+        return "RUN" in ssh.quick(self.where(job), script)[1]
+
     def probe(self, ctx: StepContext) -> Probe:
         seen = self.look(ctx)
         job = seen["job"]
-        where = f"on {self.host}"
+        where = f"on {self.where(job)}"
         if job is None:
             return Probe.missing("no job recorded in .runner/jobs")
         if seen["alive"]:
@@ -141,7 +166,8 @@ class RemoteJob:
     def live_work(self, ctx: StepContext) -> str | None:
         seen = self.look(ctx)
         if seen["job"] and seen["alive"]:
-            return f"the job runs on {self.host} since {_when(seen['job'].get('started'))}, pid {seen['job']['pid']}"
+            job = seen["job"]
+            return f"the job runs on {self.where(job)} since {_when(job.get('started'))}, pid {job['pid']}"
         return None
 
     # ---- apply, stop, logs ----------------------------------------------------------------------------------
@@ -151,10 +177,10 @@ class RemoteJob:
         self._seen = None
         job = seen["job"]
         if job and seen["alive"]:
-            if job.get("fingerprint") == ctx.fingerprint:
+            if job.get("fingerprint") == ctx.fingerprint and self.where(job) == self.host:
                 ctx.on_output(f"adopting the running job on {self.host}, pid {job['pid']}")
                 return self._outputs(job)
-            ctx.on_output(f"stopping the running job on {self.host} (pid {job['pid']}) to restart it")
+            ctx.on_output(f"stopping the running job on {self.where(job)} (pid {job['pid']}) to restart it")
             self._signal(ctx, job)
         return self._start(ctx)
 
@@ -258,7 +284,7 @@ while {mine}; do
 done
 echo STOPPED
 """
-        _, out = ssh.quick(self.host, script, timeout=spec.stop_timeout + 60)
+        _, out = ssh.quick(self.where(job), script, timeout=spec.stop_timeout + 60)
         if "GONE" in out:
             return "it no longer ran"
         if "KILLED" in out:
@@ -276,7 +302,7 @@ echo STOPPED
             return "not running" + (f" (exited with code {code})" if code is not None else "")
         how = self._signal(ctx, job)
         self._write(ctx, {**job, "stopped": True, "finished": time.time()})
-        return f"stopped pid {job['pid']} on {self.host} ({how})"
+        return f"stopped pid {job['pid']} on {self.where(job)} ({how})"
 
     def teardown(self, ctx: StepContext, dry_run: bool) -> str | None:
         seen = self.look(ctx)
@@ -284,13 +310,13 @@ echo STOPPED
             return None
         done = None
         if seen["alive"]:
-            done = f"would stop pid {seen['job']['pid']} on {self.host}" if dry_run else self.stop(ctx)
+            done = f"would stop pid {seen['job']['pid']} on {self.where(seen['job'])}" if dry_run else self.stop(ctx)
         if not dry_run:
             self.job_path(ctx).unlink(missing_ok=True)
         return done
 
     def _tail(self, job: dict[str, Any], lines: int = 20) -> list[str]:
-        _, out = ssh.quick(self.host, f"tail -n {lines} -- {ssh.quote(str(job.get('log')))} 2>/dev/null; :")
+        _, out = ssh.quick(self.where(job), f"tail -n {lines} -- {ssh.quote(str(job.get('log')))} 2>/dev/null; :")
         return out.splitlines()
 
     def logs(self, ctx: StepContext, follow: bool) -> Iterator[str]:
@@ -298,7 +324,8 @@ echo STOPPED
         job = self.job(ctx)
         if job is None:
             raise StepError("no job was launched yet: there is no log")
-        ssh.connect(self.host)
+        host = self.where(job)
+        ssh.connect(host)
         log = ssh.quote(str(job.get("log")))
         if follow:
             # tail follows the job's pid (--pid): it ends with the job
@@ -306,7 +333,7 @@ echo STOPPED
         else:
             command = f"exec cat -- {log}"
         proc = subprocess.Popen(
-            ssh.command_argv(self.host, command),
+            ssh.command_argv(host, command),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -325,7 +352,7 @@ echo STOPPED
             proc.wait()
         if proc.returncode not in (0, None, -15) and not follow:
             err = (proc.stderr.read() if proc.stderr else b"").decode("utf-8", "replace").strip()
-            raise StepError(f"cannot read the job's log on {self.host}: {err or f'exit {proc.returncode}'}")
+            raise StepError(f"cannot read the job's log on {host}: {err or f'exit {proc.returncode}'}")
 
 
 def _safe(name: str) -> str:
