@@ -317,6 +317,13 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+def _wait_gone(pid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not _zombie(pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _zombie(pid), f"pid {pid} is still running"
+
+
 def _guardian_of(pid: int) -> int | None:
     """The runner's guardian (`sweep.py --guard`), a child of the runner process."""
     for entry in Path("/proc").iterdir():
@@ -370,14 +377,17 @@ def test_kill_9_of_the_runner_stops_the_remote_step_and_the_next_apply_resumes(
     )
     proc = project.popen("apply")
     deadline = time.monotonic() + 30
-    while not _running(main_sleep) and time.monotonic() < deadline:
+    while not (_running(main_sleep) and _running(daemon_sleep)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert _running(main_sleep), proc.communicate(timeout=10)
+    assert _running(main_sleep) and _running(daemon_sleep), proc.communicate(timeout=10)
     guardian = _guardian_of(proc.pid)
     assert guardian is not None
-    os.kill(proc.pid, signal.SIGKILL)
     if guardian_dies_too:
+        # The guardian first: the test's "remote" host is this machine, where a guardian that saw the runner die
+        # would find the daemon by its tag in /proc and stop it, which it could not do on a real other machine.
         os.kill(guardian, signal.SIGKILL)
+        _wait_gone(guardian)
+    os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=10)
 
     deadline = time.monotonic() + 15
