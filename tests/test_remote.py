@@ -540,3 +540,60 @@ def test_a_detached_job_that_moves_machine_is_stopped_where_it_ran_never_left_un
     while _running(loop) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _running(loop)
+
+
+def test_inputs_and_requirements_files_are_read_on_the_host(
+    project: Project, remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """A remote step's `inputs` and a remote pip's requirements files are the files there: a change to one
+    re-runs what it feeds and nothing else; a requirements file missing there fails the step, naming the host."""
+    there = tmp_path / "there"
+    (there / "conf").mkdir(parents=True)
+    (there / "conf" / "a.txt").write_text("one\n")
+    (there / "reqs.txt").write_text("alpha\n")
+    wheels = tmp_path / "wheels"
+    make_wheel(wheels, "alpha", "1.0")
+    make_wheel(wheels, "gamma", "3.0")
+    project.write(
+        f"""
+        name: inputs
+        steps:
+          - name: digest
+            run:
+              host: node1
+              command: cat {there}/conf/*.txt > {there}/digest; echo ran >> {there}/digest-runs
+              inputs: ["{there}/conf/*.txt"]
+          - name: deps
+            pip:
+              host: node2
+              python: "{sys.executable}"
+              venv: "{there}/venv"
+              requirements: ["{there}/reqs.txt"]
+              find_links: ["{wheels}"]
+              no_index: true
+        """
+    )
+    first = project.run("apply")
+    assert first.code == 0 and "changed=2" in first.out, first.text
+    again = project.run("apply")
+    assert again.code == 0 and "changed=0" in again.out, again.text
+
+    (there / "conf" / "b.txt").write_text("two\n")  # a new file the pattern names, there
+    changed = project.run("apply")
+    assert changed.code == 0 and "changed=1" in changed.out, changed.text
+    assert (there / "digest").read_text() == "one\ntwo\n"
+    assert (there / "digest-runs").read_text().count("ran") == 2
+
+    (there / "reqs.txt").write_text("alpha\ngamma>=3\n")
+    grown = project.run("apply")
+    assert grown.code == 0 and "changed=1" in grown.out, grown.text
+    state = json.loads((project.path / ".runner" / "state.json").read_text())["steps"]
+    assert state["deps"]["outputs"]["versions"] == {"alpha": "1.0", "gamma": "3.0"}
+    assert (there / "digest-runs").read_text().count("ran") == 2
+
+    (there / "reqs.txt").unlink()
+    plan = project.run("plan")
+    missing = project.run("apply")
+    assert missing.code == 1, missing.text
+    assert f"requirements file {there}/reqs.txt is missing on node2" in missing.out, missing.text
+    assert "would fail now: deps" in plan.out and "reqs.txt is missing on node2" in plan.out, plan.text

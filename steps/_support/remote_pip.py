@@ -110,6 +110,11 @@ class RemotePip:
         if not (spec.requirements or spec.constraints):
             return {}
         seen = self.look(ctx)
+        if seen["missing_files"]:  # as a local one fails, and before a venv is made or pip is asked; plan agrees
+            raise StepError(
+                f"requirements file {seen['missing_files'][0]} is missing on {self.host}",
+                hint=f"the requirements and constraints paths of a pip step with `host:` are read on {self.host}",
+            )
         return {
             "remote_files": {
                 path: hashlib.sha256(text.encode()).hexdigest() for path, text in sorted(seen["files"].items())
@@ -125,12 +130,7 @@ class RemotePip:
         seen = self.look(ctx)
         problems: list[str] = [f"requirements file {p} is missing on {self.host}" for p in seen["missing_files"]]
         data = seen["data"] or {"dists": {}, "env": {}}
-        reqs = list(spec.packages)
-        for path in spec.requirements:
-            for raw in seen["files"].get(path, "").splitlines():
-                line = raw.split(" #", 1)[0].strip()
-                if line and not line.startswith(("#", "-")):
-                    reqs.append(line)
+        reqs = self._lines(seen)
         checked: set[str] = set()
         for line in reqs:
             try:
@@ -227,6 +227,17 @@ class RemotePip:
             argv += ["-c", path]
         return argv
 
+    def _lines(self, seen: dict[str, Any]) -> list[str]:
+        """The requirement lines: `packages`, then those of the requirements files as read there (options such as
+        `-r` and `--index-url` left out)."""
+        reqs = list(self.step.spec.packages)
+        for path in self.step.spec.requirements:
+            for raw in seen["files"].get(path, "").splitlines():
+                line = raw.split(" #", 1)[0].strip()
+                if line and not line.startswith(("#", "-")):
+                    reqs.append(line)
+        return reqs
+
     def _outputs(self, ctx: StepContext) -> dict[str, Any]:
         from packaging.requirements import InvalidRequirement, Requirement
 
@@ -235,7 +246,7 @@ class RemotePip:
         seen = self.look(ctx)
         dists = (seen["data"] or {}).get("dists", {})
         out: dict[str, str] = {}
-        for line in self.step.spec.packages:
+        for line in self._lines(seen):
             try:
                 name = canonical(Requirement(line).name)
             except InvalidRequirement:
