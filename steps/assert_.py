@@ -171,8 +171,7 @@ class AssertStep(StepKind[AssertSpec]):
         q = remote.ssh.quote
         lines = [remote.ssh.exports(remote.variables(ctx, {}))]
         if spec.path is not None:
-            word = remote.glob_word(spec.path)
-            lines.append(f'_f=0; for _p in {word}; do [ -e "$_p" ] && _f=1 && break; done; [ $_f = 1 ] || echo "P"')
+            lines.append(f'{remote.any_match(spec.path)} || echo "P"')
         if spec.kernel is not None:
             lines.append('echo "K $(uname -r)"')
         last = ""  # a file's text, for a `contains` of more than one line: read at the end of the output

@@ -121,11 +121,13 @@ class RunStep(StepKind[RunSpec]):
         assert spec.host is not None
         if not spec.creates:
             return None
-        words = " ".join(remote.glob_word(p) for p in spec.creates)
         if dry_run:
             return f"would remove {', '.join(spec.creates)} on {spec.host}"
         cd = f"cd {remote.ssh.quote(spec.cwd)} || exit 1; " if spec.cwd else ""
-        code, _ = remote.ssh.quick(spec.host, f'{cd}for _p in {words}; do [ -e "$_p" ] && rm -rf -- "$_p"; done; :')
+        removes = "; ".join(
+            f'{remote.match_lines(p)} | while IFS= read -r _p; do rm -rf -- "$_p"; done' for p in spec.creates
+        )
+        code, _ = remote.ssh.quick(spec.host, f"{cd}{removes}; :")
         return f"removed {', '.join(spec.creates)} on {spec.host}" if code == 0 else None
 
     def _remote_apply(self, ctx: StepContext) -> dict[str, Any]:

@@ -104,6 +104,22 @@ def glob_word(pattern: str) -> str:
     return "".join(out)
 
 
+def match_lines(pattern: str) -> str:
+    """A shell command that prints, one per line, the existing paths a pattern names on the host, globbing as
+    Python's glob(recursive=True) does here: `**` is any number of directories when the host has bash (globstar);
+    under a plain sh it means `*`. A path with a newline in its name is not told apart."""
+    loop = f'for _m in {glob_word(pattern)}; do if [ -e "$_m" ] || [ -L "$_m" ]; then printf "%s\\n" "$_m"; fi; done'
+    if "**" not in pattern:
+        return f"{{ {loop}; }}"
+    quoted = ssh.quote(loop)
+    return f"{{ if command -v bash >/dev/null 2>&1; then bash -O globstar -c {quoted}; else {loop}; fi; }}"
+
+
+def any_match(pattern: str) -> str:
+    """A shell condition: the pattern names at least one existing path on the host."""
+    return f'[ -n "$({match_lines(pattern)} | head -n 1)" ]'
+
+
 def observe(
     target: str, cwd: str | None, creates: Sequence[str], inputs: Sequence[str]
 ) -> tuple[str | None, dict[str, Any]]:
@@ -113,12 +129,10 @@ def observe(
     if cwd:
         lines.append(f"cd {ssh.quote(cwd)} 2>/dev/null || {{ echo 'X'; exit 0; }}")
     for index, pattern in enumerate(creates):
-        lines.append(
-            f'_f=0; for _p in {glob_word(pattern)}; do [ -e "$_p" ] && _f=1 && break; done; echo "C{index} $_f"'
-        )
+        lines.append(f'_f=0; {any_match(pattern)} && _f=1; echo "C{index} $_f"')
     for index, pattern in enumerate(inputs):
         lines.append(
-            f'for _p in {glob_word(pattern)}; do [ -e "$_p" ] && find "$_p" -type f -exec sha256sum -- {{}} + ; '
+            f'{match_lines(pattern)} | while IFS= read -r _p; do find "$_p" -type f -exec sha256sum -- {{}} + ; '
             f'done | LC_ALL=C sort -k2 | sed "s/^/I{index} /"'
         )
     code, out = ssh.quick(target, "\n".join(lines) + "\n")

@@ -102,8 +102,7 @@ class RemoteJob:
         if spec.cwd:
             lines.insert(0, f"cd {ssh.quote(spec.cwd)} 2>/dev/null")
         for index, pattern in enumerate(spec.creates):
-            word = remote.glob_word(pattern)
-            lines.append(f'_f=0; for _q in {word}; do [ -e "$_q" ] && _f=1 && break; done; echo "C{index} $_f"')
+            lines.append(f'_f=0; {remote.any_match(pattern)} && _f=1; echo "C{index} $_f"')
         alive, code, found = False, None, {}
         elsewhere = job is not None and self.where(job) != self.host
         if elsewhere:  # the job runs where the spec no longer says: its state is read there, `creates` here
