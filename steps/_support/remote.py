@@ -68,7 +68,16 @@ def run(
     script = ssh.guarded(body_of(command), variables(ctx, env or {}), cwd, stop_signal, grace)
     remote, data = ssh.payload(script)
     runner_ctx = replace(ctx, log_path=None, on_output=lambda line: None) if quiet else ctx
-    result = run_process(ssh.command_argv(target, remote), runner_ctx, env=ssh.local_env(), stdin=data)
+    try:
+        result = run_process(ssh.command_argv(target, remote), runner_ctx, env=ssh.local_env(), stdin=data)
+    except StepError as exc:  # timed out or interrupted: the connection was cut, and with it the command there
+        if not exc.message.startswith("command "):
+            raise
+        raise StepError(
+            f"{exc.message} on {ssh.display(target)} (stopped there too)",
+            hint=exc.hint,
+            output_tail=exc.output_tail,
+        ) from None
     if result.returncode == ssh.NO_DIRECTORY and cwd:
         raise StepError(f"working directory does not exist on {ssh.display(target)}: {cwd}")
     return result
