@@ -33,27 +33,12 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from steps._support import faults, remote
-from steps._support.gitdir import git_dir, head, origin_url, same_url
+from steps._support.gitdir import NETWORK_ERRORS, git_dir, head, origin_url, same_url
 from steps._support.process import run_process
 from steps._support.supervise import start_time
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
 
 HEX = re.compile(r"^[0-9a-f]{7,40}$")
-NETWORK_ERRORS = (
-    "could not read from remote",
-    "unable to access",
-    "connection refused",
-    "connection reset",
-    "connection timed out",
-    "timed out",
-    "early eof",
-    "the remote end hung up",
-    "unexpected disconnect",
-    "could not resolve host",
-    "failed to connect",
-    "fetch-pack: invalid index-pack output",
-    "rpc failed",
-)
 
 
 class GitSpec(SpecModel):

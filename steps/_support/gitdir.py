@@ -1,4 +1,5 @@
-"""Reading a clone's `.git` in-process, without spawning git: HEAD, refs, packed-refs and the origin URL.
+"""Reading a clone's `.git` in-process, without spawning git: HEAD, refs, packed-refs and the origin URL; and
+what git's own words say of a failure (NETWORK_ERRORS), for the kind here and its script on a host.
 
 The git kind's probe uses only this, so a converged apply costs a few file reads per clone.
 """
@@ -7,6 +8,23 @@ from __future__ import annotations
 
 import configparser
 from pathlib import Path
+
+# what git says when the network, not the request, failed: such a failure is retried (here and on a host)
+NETWORK_ERRORS = (
+    "could not read from remote",
+    "unable to access",
+    "connection refused",
+    "connection reset",
+    "connection timed out",
+    "timed out",
+    "early eof",
+    "the remote end hung up",
+    "unexpected disconnect",
+    "could not resolve host",
+    "failed to connect",
+    "fetch-pack: invalid index-pack output",
+    "rpc failed",
+)
 
 
 def git_dir(worktree: Path) -> Path | None:

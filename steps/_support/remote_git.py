@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from steps._support import remote, ssh
-from steps._support.gitdir import same_url
+from steps._support.gitdir import NETWORK_ERRORS, same_url
 from steps.base import Probe, StepContext, StepError
 
 HEX_CHARS = set("0123456789abcdef")
@@ -112,12 +112,13 @@ class RemoteGit:
                 f"depth={q(f'--depth={int(spec.depth)}') if spec.depth else ''}",
                 f"update={1 if spec.update else 0}",
                 f"submodules={1 if spec.submodules else 0}",
+                f"network={q('|'.join(NETWORK_ERRORS))}",
                 SCRIPT.read_text(encoding="utf-8"),
             ]
         )
         result = remote.run(ctx, self.host, script, env={})
         said = [line for line in [*result.stdout.splitlines(), *result.tail] if line.startswith("RUNNER-GIT ")]
-        tail = "\n".join(result.tail)
+        tail = "\n".join(line for line in result.tail if not line.startswith("RUNNER-GIT "))
         where = f"on {self.host}"
         for line in said:
             word, _, rest = line[len("RUNNER-GIT ") :].partition(" ")
@@ -159,6 +160,14 @@ class RemoteGit:
             return StepError(
                 f"git {what[4:]} failed {where} after {spec.attempts} attempt(s): {said}",
                 hint=f"check that {self.host} reaches {spec.url} (its network, proxy, credentials)",
+                output_tail=tail,
+            )
+        if what.startswith("GIT"):
+            lines = [x for x in tail.splitlines() if x.lower().startswith(("fatal:", "error:"))]
+            said = lines[-1].strip() if lines else "see the output"
+            return StepError(
+                f"git {what[4:]} failed {where}: {said}",
+                hint=f"not a network error, so not retried: check `url` and `ref` as {self.host} sees them",
                 output_tail=tail,
             )
         if what == "NOCOMMIT":
