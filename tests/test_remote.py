@@ -196,6 +196,11 @@ def test_connection_errors_name_the_host_and_what_to_check(
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_key)], check=True)
     empty_known = tmp_path / "known_hosts_empty"
     empty_known.write_text("")
+    other_host_key = tmp_path / "other_host_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other_host_key)], check=True)
+    wrong_known = tmp_path / "known_hosts_wrong"  # the machine "was reinstalled": another key under its name
+    kind, key = other_host_key.with_suffix(".pub").read_text().split()[:2]
+    wrong_known.write_text(f"[127.0.0.1]:{remote['port']} {kind} {key}\n")
     dead = free_port()
     config = _ssh_config(
         remote,
@@ -204,6 +209,8 @@ def test_connection_errors_name_the_host_and_what_to_check(
         f"  UserKnownHostsFile {empty_known}\n"
         f"Host wrongkey\n  HostName 127.0.0.1\n  Port {remote['port']}\n  IdentityFile {other_key}\n"
         f"  UserKnownHostsFile {root}/known_hosts\n"
+        f"Host impostor\n  HostName 127.0.0.1\n  Port {remote['port']}\n  IdentityFile {root}/client_key\n"
+        f"  UserKnownHostsFile {wrong_known}\n"
         f"Host down\n  HostName 127.0.0.1\n  Port {dead}\n  IdentityFile {root}/client_key\n"
         f"Host node1\n  HostName 127.0.0.1\n  Port {remote['port']}\n  IdentityFile {root}/client_key\n"
         f"  UserKnownHostsFile {root}/known_hosts\n",
@@ -216,6 +223,7 @@ def test_connection_errors_name_the_host_and_what_to_check(
           - {name: unknown_key, needs: [], run: {host: stranger, command: "true"}}
           - {name: refused, needs: [], run: {host: wrongkey, command: "true"}}
           - {name: unreachable, needs: [], run: {host: down, command: "true"}}
+          - {name: changed_key, needs: [], run: {host: impostor, command: "true"}}
           - {name: missing_command, needs: [], run: {host: node1, command: "no-such-program-xyz --flag"}}
           - {name: missing_program, needs: [], launch: {host: node1, command: [no-such-program-xyz]}}
         """
@@ -227,6 +235,7 @@ def test_connection_errors_name_the_host_and_what_to_check(
     assert "known_hosts" in out and "ssh-keyscan" in out
     assert "cannot reach wrongkey over ssh: authentication refused" in out and "BatchMode" in out
     assert "cannot reach down over ssh: unreachable" in out and "sshd listens" in out
+    assert "cannot reach impostor over ssh: host key changed" in out and "ssh-keygen -R" in out
     assert "exited with code 127 on node1: no-such-program-xyz --flag" in out
     assert "a command was not found on node1 (exit 127)" in out
     assert "the job exited with code 127 on node1" in out
@@ -425,6 +434,31 @@ def test_a_failed_remote_step_leaves_nothing_running_there(project: Project, rem
     assert not _running(daemon_sleep)
 
 
+def test_a_remote_step_that_times_out_is_stopped_there(project: Project, remote: dict[str, Any]) -> None:
+    """A step's `timeout` cuts the connection, and the command there stops with it (its stdin ended): the error
+    names the machine, nothing of the command is left running, and the next apply runs it again."""
+    sleeper = f"sleep {600 + os.getpid() % 100}.625"
+    project.write(
+        f"""
+        name: slow
+        steps:
+          - name: slow
+            timeout: 1
+            run: {{host: node2, command: "unset RUNNER_STEP_TAG; echo started; {sleeper}; echo never"}}
+        """
+    )  # untagged: on loopback, runner's sweep of the step's tag in this machine's /proc would find it too
+    result = project.run("apply")
+    assert result.code == 1, result.text
+    assert "command timed out after 1s on node2 (stopped there too)" in result.out, result.text
+    assert "started" in result.out and "never" not in result.out
+    deadline = time.monotonic() + 10
+    while _running(sleeper) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(sleeper), "the command outlived its step's timeout on the other machine"
+    plan = project.run("plan")
+    assert plan.code == 2 and "slow" in plan.out, plan.text
+
+
 def test_plan_and_apply_agree_on_a_failing_remote_check(project: Project, remote: dict[str, Any]) -> None:
     project.write(
         """
@@ -597,3 +631,99 @@ def test_inputs_and_requirements_files_are_read_on_the_host(
     assert missing.code == 1, missing.text
     assert f"requirements file {there}/reqs.txt is missing on node2" in missing.out, missing.text
     assert "would fail now: deps" in plan.out and "reqs.txt is missing on node2" in plan.out, plan.text
+
+
+def test_a_pattern_there_names_what_python_glob_names_here(
+    remote: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`creates`, `inputs` and assert's `path` on a host glob there as glob.glob(recursive=True) does here (the
+    local kinds' rule): `**` is any depth of directories, hidden names are left out, odd characters are
+    literal. Each pattern is expanded on node1 by the shell text the kinds send, and compared with Python's."""
+    import glob
+
+    from steps._support import remote as remote_support
+    from steps._support import ssh
+
+    monkeypatch.setenv("RUNNER_SSH_CONFIG", remote["config"])
+    monkeypatch.setenv("RUNNER_SSH_CONTROL_DIR", remote["control"])
+    tree = tmp_path / "tree"
+    for name in ("a.txt", "sub/b.txt", "sub/deep/c.txt", "sub/deep/er/d.log", ".hidden.txt", "sub/.h/e.txt"):
+        (tree / name).parent.mkdir(parents=True, exist_ok=True)
+        (tree / name).write_text(name)
+    (tree / "odd name's [x] $y.txt").write_text("odd")
+    patterns = [
+        "*.txt",
+        "**/*.txt",
+        "sub/**",
+        "sub/**/c.txt",
+        "**/d.log",
+        "sub/*/c.txt",
+        "no/**/where",
+        "odd*",
+        "odd name's [[]x] $y.txt",
+        "sub/deep",
+        "a.txt",
+        "missing.txt",
+    ]
+    monkeypatch.chdir(tree)
+    try:
+        for pattern in patterns:
+            code, out = ssh.quick("node1", f"cd {ssh.quote(str(tree))} && {remote_support.match_lines(pattern)}")
+            assert code == 0, out
+            there = sorted(line.rstrip("/") for line in out.splitlines())
+            here = sorted(p.rstrip("/") for p in glob.glob(pattern, recursive=True))
+            assert there == here, pattern
+            code, _ = ssh.quick("node1", f"cd {ssh.quote(str(tree))} && {remote_support.any_match(pattern)}")
+            assert (code == 0) == bool(here), pattern
+    finally:
+        agent = ssh._AGENTS.pop("node1", None)
+        if agent is not None:
+            agent._stop()
+        ssh._MASTERS.pop("node1", None)
+
+
+def test_git_there_retries_the_network_only_and_takes_a_path_from_the_login_directory(
+    project: Project, remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """As the local kind does, a clone on a host retries what git says is the network (a refused connection) and
+    fails at once on what is not (no such repository); runner's own protocol lines stay out of the error. A
+    relative `dest` is the login directory's, and pinning a commit works there too."""
+    bare, first, _ = _repo(tmp_path / "git")
+    dead = free_port()
+    home = Path(os.path.expanduser("~"))  # node1 is this machine: its login directory is this user's home
+    rel = f".runner-test-{os.getpid()}-{dead}"
+    project.write(
+        f"""
+        name: clones
+        steps:
+          - {{name: wrong, needs: [], git: {{host: node1, url: "{tmp_path}/no-such.git", dest: "{tmp_path}/w"}}}}
+          - name: offline
+            needs: []
+            git: {{host: node1, url: "git://127.0.0.1:{dead}/x.git", dest: "{tmp_path}/o", attempts: 2}}
+          - {{name: pinned, needs: [], git: {{host: node1, url: "{bare}", dest: "{rel}/clone", ref: "{first}"}}}}
+        """
+    )
+    try:
+        result = project.run("apply", "--keep-going")
+        assert result.code == 1, result.text
+        out = result.out
+        assert f"git clone failed on node1: fatal: repository '{tmp_path}/no-such.git' does not exist" in out, out
+        assert "not a network error, so not retried" in out
+        assert "git clone failed on node1 after 2 attempt(s)" in out and "check that node1 reaches" in out
+        assert "RUNNER-GIT" not in result.text
+        logs = project.path / ".runner" / "logs"
+        assert "attempt 1 of 3 failed" not in "".join(p.read_text() for p in logs.rglob("wrong.log"))
+        assert "attempt 1 of 2 failed; retrying" in "".join(p.read_text() for p in logs.rglob("offline.log"))
+        head = subprocess.run(
+            ["git", "-C", str(home / rel / "clone"), "rev-parse", "HEAD"], capture_output=True, text=True
+        )
+        assert head.stdout.strip() == first, head.stderr
+        state = json.loads((project.path / ".runner" / "state.json").read_text())["steps"]
+        assert state["pinned"]["outputs"]["path"] == str((home / rel / "clone").resolve())
+        assert not list((home / rel).glob(".clone.runner-clone-*"))
+        again = project.run("apply", "--only", "pinned")
+        assert again.code == 0 and "changed=0" in again.out, again.text
+    finally:
+        import shutil
+
+        shutil.rmtree(home / rel, ignore_errors=True)
