@@ -154,22 +154,16 @@ class RemoteGit:
                 f"not checking out {spec.ref or 'the default branch'} over them",
                 hint="commit or stash them there (git stash), or set `force: true` to discard them",
             )
-        if what.startswith("NET"):
+        if what.startswith(("NET", "GIT")):  # the network after every attempt, or the request itself
             lines = [x for x in tail.splitlines() if x.lower().startswith(("fatal:", "error:"))]
             said = lines[-1].strip() if lines else "see the output"
-            return StepError(
-                f"git {what[4:]} failed {where} after {spec.attempts} attempt(s): {said}",
-                hint=f"check that {self.host} reaches {spec.url} (its network, proxy, credentials)",
-                output_tail=tail,
-            )
-        if what.startswith("GIT"):
-            lines = [x for x in tail.splitlines() if x.lower().startswith(("fatal:", "error:"))]
-            said = lines[-1].strip() if lines else "see the output"
-            return StepError(
-                f"git {what[4:]} failed {where}: {said}",
-                hint=f"not a network error, so not retried: check `url` and `ref` as {self.host} sees them",
-                output_tail=tail,
-            )
+            if what.startswith("NET"):
+                failed = f"failed {where} after {spec.attempts} attempt(s)"
+                hint = f"check that {self.host} reaches {spec.url} (its network, proxy, credentials)"
+            else:
+                failed = f"failed {where}"
+                hint = f"not a network error, so not retried: check `url` and `ref` as {self.host} sees them"
+            return StepError(f"git {what[4:]} {failed}: {said}", hint=hint, output_tail=tail)
         if what == "NOCOMMIT":
             return StepError(f"commit {spec.ref} is not in {spec.url} (looked {where})", hint="check `ref`")
         if what == "NOREF":
