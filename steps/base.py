@@ -259,8 +259,9 @@ class StepKind(Generic[SpecT]):
         return None
 
     def remote_host(self) -> str | None:
-        """The machine (an ssh destination) this step runs commands on, or None for this one: what a failed or
-        crashed run of it left running there is swept there (steps/_support/remote.py)."""
+        """The machine (an ssh destination) this step works on over ssh, or None for this one: `plan` says a
+        machine it cannot reach would fail, and what a failed or crashed run of it left running there is swept
+        there (steps/_support/remote.py)."""
         return None
 
     def log_file(self, ctx: StepContext) -> Path | None:

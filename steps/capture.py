@@ -65,7 +65,9 @@ class CaptureStep(StepKind[CaptureSpec]):
 
     def remote_host(self) -> str | None:
         host = self.spec.host
-        return host if host and not (self.spec.container and _engine_url(host)) else None
+        if host and self.spec.container and _engine_url(host):
+            return host if host.startswith("ssh://") else None  # an engine: over ssh, that machine's
+        return host
 
     def secret_outputs(self) -> frozenset[str]:
         return frozenset({"value"}) if self.spec.secret else frozenset()

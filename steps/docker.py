@@ -44,6 +44,7 @@ from steps._support.docker_engine import (
     engine_gone,
     engine_hostname,
     lost_connection,
+    reach,
     sdk,
 )
 from steps._support.docker_light import Engine as LightEngine
@@ -144,14 +145,15 @@ class DockerSpec(SpecModel):
     host: str | None = Field(
         None,
         description="Docker Engine address (unix://, tcp://, ssh://user@host:port); a bare ssh destination, as the "
-        "other kinds' `host:` takes it (a ~/.ssh/config alias, user@host), means that machine's engine over ssh. "
+        "other kinds' `host:` takes it (a ~/.ssh/config alias, user@host), means that machine's engine over ssh: "
+        "its socket is reached through runner's ssh connection to that machine, shared with the other steps there. "
         "Default: DOCKER_HOST, else the socket.",
     )
     tls: DockerTls | None = Field(None, description="TLS for a `tcp://` engine: ca_cert, client_cert, client_key.")
     wait: Readiness | None = Field(
         None,
         description="Readiness check after start: `http` URL or `tcp` host:port. With a remote engine, "
-        "127.0.0.1 and localhost in it mean that engine's host.",
+        "127.0.0.1 and localhost in it mean that engine's host (over ssh the check is made from that machine).",
     )
     stop_timeout: float = Field(10, ge=0, description="Seconds to wait for a graceful stop before a recreate kills it.")
 
@@ -225,6 +227,11 @@ class DockerStep(StepKind[DockerSpec]):
     outputs = frozenset({"container_id", "name", "image_id", "ports", "host", "hostname", "adopted"})
     cosmetic_fields = frozenset({"stop_timeout"})
 
+    def remote_host(self) -> str | None:
+        """An ssh:// engine's machine: plan says it cannot be reached, as for every step there."""
+        host = self.spec.host
+        return host if host and host.startswith("ssh://") else None
+
     # ---- the config that needs a recreate ----------------------------------------------------------------
 
     def config(self, ctx: StepContext) -> dict[str, Any]:
@@ -296,7 +303,7 @@ class DockerStep(StepKind[DockerSpec]):
         that a converged run does not import the SDK; None when the engine is not local or could not be read that
         way (the SDK then asks again, and its errors name the engine)."""
         address = engine_address(self.spec.host, ctx.env)
-        path = socket_path(address) if self.spec.tls is None else None
+        path = socket_path(reach(address)) if self.spec.tls is None else None
         if path is None:
             return None
         engine = LightEngine(path)
@@ -706,9 +713,11 @@ class DockerStep(StepKind[DockerSpec]):
             exited()
             return
         readiness = remote_readiness(spec.wait, address)
-        ctx.on_output(f"waiting for {readiness.target} (up to {readiness.timeout:g}s)")
+        via = address if address.startswith("ssh://") else None  # from the engine's machine, as `wait` with host:
+        seen_from = f" from {via.removeprefix('ssh://')}" if via else ""
+        ctx.on_output(f"waiting for {readiness.target}{seen_from} (up to {readiness.timeout:g}s)")
         try:
-            wait_ready(readiness, ctx.cancel, alive=exited, on_attempt=ctx.on_output)
+            wait_ready(readiness, ctx.cancel, alive=exited, on_attempt=ctx.on_output, via=via)
         except StepError as exc:
             if not exc.output_tail:
                 exc.output_tail = ctx.mask(_logs_tail(container))
@@ -741,9 +750,11 @@ __all__ = ["DockerSpec", "DockerStep", "engine_address", "parse_port"]
 
 
 def remote_readiness(wait: Readiness, address: str) -> Readiness:
-    """With a remote engine, a wait on 127.0.0.1 or localhost means the engine's host, where the ports are."""
+    """With a tcp:// engine, a wait on 127.0.0.1 or localhost means the engine's host, where the ports are. With
+    an ssh:// engine it stays as written: the wait is made from that machine (ssh -W), where 127.0.0.1 is its own,
+    so the service need not be reachable from here (a firewall, a name only ~/.ssh/config knows)."""
     remote = engine_hostname(address)
-    if not remote:
+    if not remote or address.startswith("ssh://"):
         return wait
     from urllib.parse import urlsplit, urlunsplit
 

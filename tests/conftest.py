@@ -240,9 +240,9 @@ def remote(project: Project, ssh_hosts: dict[str, Any]) -> Iterator[dict[str, An
     close_masters(ssh_hosts["config"], control)
 
 
-def close_masters(config: str, control: str) -> None:
+def close_masters(config: str, control: str, hosts: tuple[str, ...] = ("node1", "node2")) -> None:
     """`ssh -O exit` for each master whose socket is in `control`, then the directory."""
-    for host in ("node1", "node2"):
+    for host in hosts:
         subprocess.run(
             ["ssh", "-F", config, "-o", f"ControlPath={control}/%C", "-O", "exit", host],
             capture_output=True,

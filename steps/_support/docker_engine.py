@@ -1,4 +1,5 @@
-"""Connecting to a Docker Engine with the docker SDK: where to look, and errors that say where we looked."""
+"""Connecting to a Docker Engine with the docker SDK: where to look (an ssh:// engine through runner's ssh
+connection), and errors that say where we looked."""
 
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ def engine_hostname(address: str) -> str | None:
 
 def sdk() -> Any:
     """The docker SDK (with docker.errors), imported once, through here only. The SDK imports paramiko whenever
-    it is installed (about 0.1 s), though only ssh:// engines use it: the first import keeps it out, and
-    connect() hands it over when an ssh:// engine comes."""
+    it is installed (about 0.1 s) for its own ssh transport, which runner does not use (ssh:// engines go through
+    runner's ssh connection, see `reach`): the import keeps it out."""
     if "docker" not in sys.modules and "paramiko" not in sys.modules:
         sys.modules["paramiko"] = None  # type: ignore[assignment]
         try:
@@ -46,18 +47,61 @@ def sdk() -> Any:
     return docker
 
 
-def _enable_ssh() -> None:
-    """If sdk() kept paramiko out, the SDK's ssh transport did not load: load it now and put it where the
-    client looks for it (docker.transport and docker.api.client import it with `try: ... except ImportError`)."""
-    import docker.api.client as api_client
-    import docker.transport as transport
+# Where the engine listens on that machine, as its own `docker` would find it: DOCKER_HOST in the login
+# environment, else the current context (~/.docker/config.json names one only when `docker context use` was run),
+# else the default socket. Then whether this user may open that socket.
+_FIND_ENGINE = r"""_h=${DOCKER_HOST:-}
+if [ -z "$_h" ] && grep -qs '"currentContext"' "$HOME/.docker/config.json" && command -v docker >/dev/null 2>&1; then
+  _h=$(docker context inspect --format '{{.Endpoints.docker.Host}}' 2>/dev/null)
+fi
+echo "H ${_h:-unix:///var/run/docker.sock}"
+case ${_h:-unix:///var/run/docker.sock} in unix://*)
+  _s=${_h:-unix:///var/run/docker.sock}; _s=${_s#unix://}
+  if [ ! -S "$_s" ]; then echo "N"; elif [ ! -r "$_s" ] || [ ! -w "$_s" ]; then echo "P $(id -un)"; fi;;
+esac
+[ -z "${DOCKER_TLS_VERIFY:-}" ] || echo "T"
+"""
 
-    if getattr(api_client, "SSHHTTPAdapter", None) is not None:
-        return
-    from docker.transport.sshconn import SSHHTTPAdapter
 
-    transport.SSHHTTPAdapter = SSHHTTPAdapter
-    api_client.SSHHTTPAdapter = SSHHTTPAdapter
+def reach(address: str) -> str:
+    """The address to open for an engine: itself, or for `ssh://[user@]host[:port]` a local unix socket that
+    runner's ssh connection to that machine (the one every step there shares, ~/.ssh/config and all) carries to
+    the engine's socket there. StepError names the machine and what to check."""
+    if not address.startswith("ssh://"):
+        return address
+    from steps._support import ssh
+
+    host = ssh.display(address)
+    try:
+        _, out = ssh.quick(address, _FIND_ENGINE)
+    except StepError as exc:  # "cannot reach HOST over ssh: unreachable (...)", said of the engine
+        why = exc.message.removeprefix(f"cannot reach {host}")
+        why = why if why != exc.message else f": {why}"
+        raise StepError(f"cannot reach the Docker Engine at {address}{why}", hint=exc.hint) from None
+    said = {line[:1]: line[2:] for line in out.splitlines() if line[:1] in ("H", "N", "P", "T")}
+    endpoint = said.get("H", "")
+    where = f"the Docker Engine at {address}"
+    if "N" in said:
+        raise StepError(
+            f"cannot reach {where}: there is no socket {endpoint.removeprefix('unix://')} on {host}",
+            hint="install and start Docker there (`systemctl start docker`), or set DOCKER_HOST for that user",
+        )
+    if "P" in said:
+        raise StepError(
+            f"cannot reach {where}: {said['P']} may not use {endpoint.removeprefix('unix://')} on {host}",
+            hint=f"add {said['P']} to the docker group there (`usermod -aG docker {said['P']}`), or log in as "
+            "a user that is",
+        )
+    if endpoint.startswith("unix://"):
+        remote = endpoint.removeprefix("unix://")
+    elif endpoint.startswith("tcp://") and "T" not in said:
+        remote = endpoint.removeprefix("tcp://").rstrip("/")
+    else:
+        raise StepError(
+            f"cannot reach {where}: its engine is {endpoint} there, which runner does not forward",
+            hint="give the step `host: tcp://...` with `tls:` for a TLS engine",
+        )
+    return "unix://" + ssh.forward_socket(address, remote)
 
 
 def tls_config(tls: Any, env: Mapping[str, str]) -> Any:
@@ -76,34 +120,21 @@ def tls_config(tls: Any, env: Mapping[str, str]) -> Any:
 def connect(
     host: str | None, env: Mapping[str, str], tls: Any = None, ping: bool = True
 ) -> tuple[docker.DockerClient, str]:
-    """A client for the engine (checked with a ping unless ``ping`` is false). StepError names the address.
-
-    `ssh://user@host[:port]` goes through paramiko, as the docker SDK does by default: it reads ~/.ssh/config
-    (IdentityFile, Port, User) and runs `docker system dial-stdio` on the remote host."""
+    """A client for the engine (checked with a ping unless ``ping`` is false), and its address as the step names
+    it. StepError names the address. An ssh:// engine is reached through runner's ssh connection (`reach`)."""
     address = engine_address(host, env)
-    if address.startswith("ssh://"):
-        import importlib.util
-
-        if importlib.util.find_spec("paramiko") is None:
-            raise StepError(
-                f"cannot reach the Docker Engine at {address}: ssh:// engines need paramiko",
-                hint="pip install 'runner[ssh]' (or `pip install paramiko`) where runner runs",
-            )
-        sdk()
-        _enable_ssh()
+    base_url = reach(address)
     docker = sdk()
 
     try:
-        client = docker.DockerClient(
-            base_url=address, timeout=API_TIMEOUT, tls=tls_config(tls, env), use_ssh_client=False
-        )
+        client = docker.DockerClient(base_url=base_url, timeout=API_TIMEOUT, tls=tls_config(tls, env))
         if ping:
             client.ping()
     except docker.errors.DockerException as exc:
         remote = engine_hostname(address)
         hint = (
-            f"check that {remote} is reachable, that you can `ssh` there with a key (~/.ssh/config), and that "
-            "`docker` works there for that user"
+            f"check that `docker info` works for that user on {remote}, and that its sshd allows forwarding "
+            "(AllowStreamLocalForwarding)"
             if address.startswith("ssh://")
             else "start the engine (`systemctl start docker` or `dockerd`), or point `host:` / DOCKER_HOST "
             "at a running one"

@@ -62,8 +62,10 @@ def check_target(value: str | None) -> str | None:
 
 
 def display(target: str) -> str:
-    """The host as messages name it: the destination without ssh://."""
-    return target.removeprefix("ssh://")
+    """The host as messages name it: the destination without ssh://, unless it gives a port (then `ssh` takes it
+    only as a URL, and a hint's `ssh HOST true` must work as written)."""
+    url = _URL.fullmatch(target)
+    return target if url is not None and url.group(1) is not None else target.removeprefix("ssh://")
 
 
 _SAFE = re.compile(r"[A-Za-z0-9@%+=:,./_-]+")
@@ -197,6 +199,8 @@ def _start_master(target: str) -> None:
         "ControlMaster=yes",
         "-o",
         f"ControlPersist={keep}",
+        "-o",
+        "StreamLocalBindUnlink=yes",  # a socket forward (a docker engine's) replaces a stale file of a dead master
         "-f",
         "-N",
         "--",
@@ -481,6 +485,42 @@ def forward(target: str, address: str, port: int, timeout: float) -> tuple[socke
     if "refused" in text.lower() or "failed" in text.lower():
         text = f"{display(target)} could not connect to it ({text})"
     raise StepError(text)
+
+
+_FORWARDS: dict[tuple[str, str], str] = {}
+_FORWARDS_LOCK = threading.Lock()
+
+
+def forward_socket(target: str, endpoint: str) -> str:
+    """A local unix socket whose connections the master carries to `endpoint` on the host (a socket path there,
+    or host:port as the host reaches it): `ssh -O forward -L` on the run's master, so it costs no connection of
+    its own and lives as long as the master. The socket is in the control directory (this user's, 0700). A
+    forward the master already holds (an earlier run's, within ControlPersist) is answered as made."""
+    import hashlib
+
+    connect(target)
+    with _FORWARDS_LOCK:
+        known = _FORWARDS.get((target, endpoint))
+        if known is not None:
+            return known
+        digest = hashlib.sha256(f"{target}\0{endpoint}".encode()).hexdigest()[:16]
+        path = os.path.join(control_dir(), f"{digest}.fwd")
+        argv = [*base_argv(target), "-O", "forward", "-L", f"{path}:{endpoint}", "--", target]
+        for attempt in range(2):
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, env=local_env(), timeout=30)
+            if done.returncode == 0:
+                break
+            if attempt == 0 and os.path.exists(path):  # a dead master's file, under a master that keeps files
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+                continue
+            said = done.stderr.decode("utf-8", "replace").strip().splitlines()
+            raise StepError(
+                f"cannot forward {endpoint} from {display(target)} over ssh: {said[-1] if said else 'no reason given'}",
+                hint=f"check that `ssh {display(target)} true` works and that its sshd allows forwarding",
+            )
+        _FORWARDS[(target, endpoint)] = path
+        return path
 
 
 def _drain(proc: subprocess.Popen[bytes]) -> None:
