@@ -212,7 +212,7 @@ def ssh_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
 
     root = Path(tempfile.mkdtemp(prefix="rsshd-"))  # short: control socket paths have a length limit
     port = free_port()
-    server = start_sshd(root, port, ["127.0.0.1", "127.0.0.2"])
+    server = start_sshd(root, port, ["127.0.0.1", "127.0.0.2"], "AcceptEnv DOCKER_HOST\n")  # SetEnv in a test
     user = os.environ.get("USER") or "root"
     kind, key = server.host_key
     (root / "known_hosts").write_text(f"[127.0.0.1]:{port} {kind} {key}\n[127.0.0.2]:{port} {kind} {key}\n")

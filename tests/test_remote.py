@@ -727,3 +727,35 @@ def test_git_there_retries_the_network_only_and_takes_a_path_from_the_login_dire
         import shutil
 
         shutil.rmtree(home / rel, ignore_errors=True)
+
+
+def test_a_machine_whose_engine_is_not_there_is_named_with_where_runner_looked(
+    project: Project, remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """An ssh:// engine is looked for where that machine's own `docker` would look (its login environment's
+    DOCKER_HOST here): none there is an error naming the machine and the socket, and plan, which can reach the
+    machine, says the step would run (an earlier step may install the engine), as it does for a local engine."""
+    root = remote["root"]
+    config = _ssh_config(
+        remote,
+        tmp_path,
+        f"Host nodocker\n  HostName 127.0.0.1\n  Port {remote['port']}\n  IdentityFile {root}/client_key\n"
+        f"  UserKnownHostsFile {root}/known_hosts\n  SetEnv DOCKER_HOST=unix:///nonexistent/runner/docker.sock\n",
+    )
+    project.extra_env["RUNNER_SSH_CONFIG"] = config
+    project.write(
+        """
+        name: engine
+        steps:
+          - {name: box, docker: {host: nodocker, name: x, image: "busybox:latest"}}
+        """
+    )
+    plan = project.run("plan")
+    assert plan.code == 2 and "would fail" not in plan.out, plan.text
+    result = project.run("apply")
+    assert result.code == 1, result.text
+    assert (
+        "cannot reach the Docker Engine at ssh://nodocker: there is no socket /nonexistent/runner/docker.sock "
+        "on nodocker" in result.out
+    ), result.out
+    assert "set DOCKER_HOST for that user" in result.out and "Traceback" not in result.text
