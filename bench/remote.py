@@ -14,6 +14,10 @@ venvs (from a local wheel). It converges them, then times converged applies:
 and, as floors, `ssh benchhost true` through a master and with a fresh connection, and a converged run of the
 same 20 steps with no `host:` (this machine). Connections are counted from the server's own log. Probes go to one
 shell per host ("the agent", a channel on the master): a probe costs a round trip, not a session. Prints a table.
+
+Where a Docker Engine runs here (the tests' `.ci/docker-up` finds or starts one), it also times a converged run of
+a container on that machine's engine over ssh beside an assert there (the engine's socket forwarded on the same
+master), and the same container on this machine's engine.
 """
 
 from __future__ import annotations
@@ -87,7 +91,7 @@ def main() -> int:
     work.mkdir(parents=True)
     root = Path(tempfile.mkdtemp(prefix="rbsshd-"))  # short: control socket paths have a length limit
     port = free_port()
-    server = start_sshd(root, port, ["127.0.0.1"])
+    server = start_sshd(root, port, ["127.0.0.1"], "AcceptEnv DOCKER_HOST\n")  # the engine, for the docker rows
     try:
         return run(work, root, port, server, args.rounds)
     finally:
@@ -188,6 +192,7 @@ def run(work: Path, root: Path, port: int, server: object, rounds: int) -> int:
             check=True,
         )
         fresh_conn.append(time.perf_counter() - start)
+    docker_rows(work, config, env, server, table, rounds)
     table.add("floor: `ssh benchhost true` through the master (one round trip)", mux)
     table.add("floor: `ssh benchhost true` with a connection of its own", fresh_conn)
     subprocess.run(["ssh", "-F", str(config), *master, "-O", "exit", "benchhost"], capture_output=True)
@@ -204,6 +209,82 @@ def run(work: Path, root: Path, port: int, server: object, rounds: int) -> int:
         "read on it, plus the probes' own work there (pip's lists its interpreter's packages with Python)."
     )
     return 0
+
+
+def docker_rows(work: Path, config: Path, env: dict[str, str], server: object, table: Table, rounds: int) -> None:
+    """A container on benchhost's engine (over ssh) with an assert there, converged: its wall time and the
+    connections it opens; and the same container on this machine's engine. Left out, said why, with no engine."""
+    up = subprocess.run([str(ROOT / ".ci" / "docker-up")], capture_output=True, text=True, timeout=600)
+    engine = up.stdout.strip().splitlines()[-1] if up.returncode == 0 and up.stdout.strip() else ""
+    if not engine:
+        print(f"(no docker rows: no Docker Engine here: {up.stderr.strip()[-200:]})")
+        return
+    import docker
+    from conftest import BUSYBOX_IMAGE, _busybox_tar
+
+    client = docker.DockerClient(base_url=engine, timeout=60)
+    try:
+        client.images.get(BUSYBOX_IMAGE)
+    except docker.errors.ImageNotFound:
+        repo, tag = BUSYBOX_IMAGE.split(":")
+        client.api.import_image_from_data(_busybox_tar(), repository=repo, tag=tag)
+    with config.open("a") as out:  # benchhost's sessions find the engine where this machine's docker does
+        out.write(f"  SetEnv DOCKER_HOST={engine}\n")
+    names = {"remote": "runner-bench-ssh-box", "local": "runner-bench-local-box"}
+    for where, name in names.items():
+        on = "host: benchhost, " if where == "remote" else ""
+        d = work / f"docker-{where}"
+        d.mkdir()
+        (d / "pipeline.yaml").write_text(
+            "name: docker-bench\nsteps:\n"
+            f"  - {{name: kvm, assert: {{{on}path: /proc/self}}}}\n"
+            f"  - {{name: box, docker: {{{on}name: {name}, image: '{BUSYBOX_IMAGE}', pull: never, "
+            "command: [sleep, '3600']}}\n"
+        )
+    denv = {**env, "DOCKER_HOST": engine}
+
+    def apply(d: Path, converged: bool = True) -> tuple[float, int]:
+        """A converged apply with no master left (a fresh control directory): its time, connections opened."""
+        fresh = tempfile.mkdtemp(prefix="rbd-")
+        before = server.accepted()  # type: ignore[attr-defined]
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [PY, "-m", "runner", "apply"],
+            cwd=d,
+            env={**denv, "RUNNER_SSH_CONTROL_DIR": fresh},
+            capture_output=True,
+            text=True,
+        )
+        took = time.perf_counter() - start
+        opened = server.accepted() - before  # type: ignore[attr-defined]
+        subprocess.run(
+            ["ssh", "-F", str(config), "-o", f"ControlPath={fresh}/%C", "-O", "exit", "benchhost"],
+            capture_output=True,
+        )
+        shutil.rmtree(fresh, ignore_errors=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"docker apply failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-2000:]}")
+        if converged and "changed=0" not in proc.stdout:
+            raise SystemExit(f"a converged run changed something:\n{proc.stdout[-3000:]}")
+        return took, opened
+
+    try:
+        for where in names:
+            d = work / f"docker-{where}"
+            apply(d, converged=False)  # the first: creates the container
+            runs = [apply(d) for _ in range(rounds)]
+            if where == "remote":
+                label = "converged, a container on benchhost's engine + an assert, no master"
+                table.add(label, [t for t, _ in runs], f"connections {_counts([n for _, n in runs])}")
+            else:
+                table.add("converged, the same container on this machine's engine", [t for t, _ in runs])
+    finally:
+        for name in names.values():
+            try:
+                client.containers.get(name).remove(force=True)
+            except docker.errors.NotFound:
+                pass
+        client.close()
 
 
 def _counts(values: list[int]) -> str:
