@@ -220,14 +220,10 @@ def docker_rows(work: Path, config: Path, env: dict[str, str], server: object, t
         print(f"(no docker rows: no Docker Engine here: {up.stderr.strip()[-200:]})")
         return
     import docker
-    from conftest import BUSYBOX_IMAGE, _busybox_tar
+    from conftest import BUSYBOX_IMAGE, ensure_busybox_image
 
     client = docker.DockerClient(base_url=engine, timeout=60)
-    try:
-        client.images.get(BUSYBOX_IMAGE)
-    except docker.errors.ImageNotFound:
-        repo, tag = BUSYBOX_IMAGE.split(":")
-        client.api.import_image_from_data(_busybox_tar(), repository=repo, tag=tag)
+    ensure_busybox_image(client)
     with config.open("a") as out:  # benchhost's sessions find the engine where this machine's docker does
         out.write(f"  SetEnv DOCKER_HOST={engine}\n")
     names = {"remote": "runner-bench-ssh-box", "local": "runner-bench-local-box"}

@@ -165,13 +165,20 @@ def docker_host() -> str:
             pytest.skip(reason)
     os.environ["DOCKER_HOST"] = host
     client = docker.DockerClient(base_url=host, timeout=60)
+    ensure_busybox_image(client)
+    client.close()
+    return host
+
+
+def ensure_busybox_image(client: Any) -> None:
+    """BUSYBOX_IMAGE on the engine, imported from this machine's busybox if it is not there (no registry)."""
+    import docker
+
     try:
         client.images.get(BUSYBOX_IMAGE)
     except docker.errors.ImageNotFound:
         repo, tag = BUSYBOX_IMAGE.split(":")
         client.api.import_image_from_data(_busybox_tar(), repository=repo, tag=tag)
-    client.close()
-    return host
 
 
 @pytest.fixture
