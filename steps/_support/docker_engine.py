@@ -69,6 +69,9 @@ def reach(address: str) -> str:
     the engine's socket there. StepError names the machine and what to check."""
     if not address.startswith("ssh://"):
         return address
+    known = _REACHED.get(address)
+    if known is not None:  # asked once a run: plan's preview, the probe and apply share it
+        return known
     from steps._support import ssh
 
     host = ssh.display(address)
@@ -101,7 +104,10 @@ def reach(address: str) -> str:
             f"cannot reach {where}: its engine is {endpoint} there, which runner does not forward",
             hint="give the step `host: tcp://...` with `tls:` for a TLS engine",
         )
-    return "unix://" + ssh.forward_socket(address, remote)
+    return _REACHED.setdefault(address, "unix://" + ssh.forward_socket(address, remote))
+
+
+_REACHED: dict[str, str] = {}  # ssh:// engine -> its forwarded socket, for this process (failures are asked again)
 
 
 def tls_config(tls: Any, env: Mapping[str, str]) -> Any:
