@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
+from runner.causes import Change, cause
 from runner.events import Decision
 from runner.record import DONE, FAILED, INTERRUPTED, STARTED, StepRecord
-from runner.state import iso
 from steps.base import Probe
 
 Observe = Literal["nothing", "changes", "probe"]
@@ -36,11 +36,11 @@ def decide(
     forced: bool = False,
     step: str | None = None,
     crashed_ok: bool = True,
-    changes: Sequence[str] = (),
+    changes: Sequence[Change] = (),
     live: str | None = None,
     probe: Probe | None = None,
 ) -> Decision:
-    """The decision for `name` (a step, or `step[key]` an item of it).
+    """The decision for `name` (a step, or `step[key]` an item of it), with its cause as data.
 
     `crashed_ok`: a `started` record means the runner died inside the step (apply holds the lock, so nothing
     else can be running it); plan, without the lock, says it may be running now. `changes`, `live` and `probe`
@@ -48,41 +48,33 @@ def decide(
     """
     step = step or name
     if forced:
-        return Decision(name, "run", "forced (--force)")
+        return Decision(name, "run", cause("forced"))
     if record is None:
-        return Decision(name, "run", "no record yet")
+        return Decision(name, "run", cause("no_record"))
     status = record.status
     if status == STARTED:
-        when = iso(record.started)
-        if crashed_ok:
-            return Decision(name, "run", f"an earlier run stopped inside this step (started {when}, never finished)")
-        return Decision(name, "run", f"started {when} and not finished (running now, or crashed)")
+        return Decision(name, "run", cause("crashed", started=record.started, running_now=not crashed_ok))
     if status == INTERRUPTED:
-        return Decision(name, "run", f"interrupted last time ({iso(record.finished)})")
+        return Decision(name, "run", cause("interrupted", finished=record.finished))
     if status == FAILED:
-        error = record.first_error_line
-        return Decision(name, "run", "failed last time" + (f": {error}" if error else ""))
+        return Decision(name, "run", cause("failed_before", error=record.first_error_line))
     if status != DONE:
-        return Decision(name, "run", f"unknown recorded status {status!r}")
+        return Decision(name, "run", cause("unknown_status", status=status))
     if record.fingerprint != fingerprint:
         old_up = record.upstream
         moved = [d for d in upstream if old_up.get(d) != upstream[d]]
         if changes:
-            decision = Decision(name, "run", "spec changed: " + "; ".join(changes), list(changes))
+            why = cause("spec_changed", fields=list(dict.fromkeys(c.field for c in changes if c.field)))
         elif moved:
-            decision = Decision(name, "run", "upstream changed: " + ", ".join(moved))
+            why = cause("upstream_changed", steps=moved)
         else:
-            decision = Decision(name, "run", "inputs changed")
+            why = cause("inputs_changed")
         if live:
-            return Decision(
-                name,
-                "pending",
-                f"restart pending ({decision.reason}); {live}; `apply --force {step}` restarts it",
-                decision.changes,
-            )
-        return decision
+            return Decision(name, "pending", cause("restart_pending", inner=why, live=live, step=step), list(changes))
+        return Decision(name, "run", why, list(changes))
     if probe is None:
         raise ValueError(f"{name}: decide needs the probe of a current record (see to_observe)")
+    found = [c if isinstance(c, Change) else Change.fact(c) for c in probe.changes]
     if probe.status != "ok":
-        return Decision(name, "run", probe.reason or probe.status, list(probe.changes))
-    return Decision(name, "ok", probe.reason or "up to date")
+        return Decision(name, "run", cause("probe", status=probe.status, text=probe.reason), found)
+    return Decision(name, "ok", cause("up_to_date", text=probe.reason))

@@ -1,12 +1,16 @@
 """What the engine tells the reporters, and nothing else: the decision for a step, the result of one, and the
 protocol a reporter implements. It imports no other module of the project, so the engine (which emits) and
-the reporters in runner/ui.py (which consume) depend on it and not on each other.
+the reporters in runner/ui.py (which consume) depend on it and not on each other. A decision carries its cause
+as data (runner/causes.py); its words come from runner/words.py, the one place that words them.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+from runner import words
+from runner.causes import Cause, Change
 
 # What plan says of a step: run it, it is up to date, skipped by `when`, maybe (after an upstream runs), a
 # restart pending, it would fail now, or it is blocked by one that would fail.
@@ -17,10 +21,31 @@ Status = Literal["ok", "changed", "failed", "skipped", "blocked", "interrupted",
 
 @dataclass
 class Decision:
+    """What is decided of a step (or an item, `name[key]`): the action, its cause, and the field-level changes."""
+
     name: str
     action: Action
-    reason: str
-    changes: list[str] = field(default_factory=list)
+    cause: Cause
+    changes: list[Change] = field(default_factory=list)
+
+    @property
+    def reason(self) -> str:
+        """The cause in words, the changes spelled out: the line plan and apply print."""
+        return words.reason(self.cause, self.changes)
+
+    @property
+    def brief(self) -> str:
+        """The cause in words without the changes (explain and --json list them apart)."""
+        return words.reason(self.cause, self.changes, full=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.name,
+            "action": self.action,
+            "reason": self.brief,
+            "cause": self.cause.to_json(),
+            "changes": [c.to_json() for c in self.changes],
+        }
 
 
 @dataclass
@@ -37,6 +62,7 @@ class Result:
     attempts: int = 0
     note: str = ""  # shown after the status whatever it is (a loop's summary, a capture's value)
     outputs: dict[str, Any] = field(default_factory=dict)  # masked, secret outputs left out
+    cause: Cause | None = None  # why it ran, was left alone or blocked (the decision's), for --json
 
 
 class Reporter(Protocol):

@@ -6,6 +6,7 @@ import difflib
 import os
 from typing import Any
 
+from runner.causes import Change
 from steps._support.hashing import canonical, digest
 
 __all__ = ["FINGERPRINT_VERSION", "canonical", "digest", "spec_changes", "step_fingerprint"]
@@ -17,16 +18,16 @@ def step_fingerprint(kind: str, spec: Any, extra: dict[str, Any], upstream: dict
     return digest({"v": FINGERPRINT_VERSION, "kind": kind, "spec": spec, "extra": extra, "upstream": upstream})
 
 
-def spec_changes(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """Field-level differences, e.g. ``command: 'a' -> 'b'``."""
+def spec_changes(old: Any, new: Any, prefix: str = "") -> list[Change]:
+    """Field-level differences as (field, old, new), e.g. ``Change("command", "'a'", "'b'")``."""
     if isinstance(old, dict) and isinstance(new, dict):
-        out: list[str] = []
+        out: list[Change] = []
         for key in sorted(set(old) | set(new), key=str):
             path = f"{prefix}.{key}" if prefix else str(key)
             if key not in old:
-                out.append(f"{path}: added {_short(new[key])}")
+                out.append(Change(path, None, _short(new[key])))
             elif key not in new:
-                out.append(f"{path}: removed")
+                out.append(Change(path, _short(old[key]), None))
             else:
                 out.extend(spec_changes(old[key], new[key], path))
         return out
@@ -34,15 +35,15 @@ def spec_changes(old: Any, new: Any, prefix: str = "") -> list[str]:
         return _list_changes(old, new, prefix or "value")
     if old != new:
         before, after = _around(canonical(old), canonical(new))
-        return [f"{prefix or 'value'}: {before} -> {after}"]
+        return [Change(prefix or "value", before, after)]
     return []
 
 
-def _list_changes(old: list[Any], new: list[Any], path: str) -> list[str]:
+def _list_changes(old: list[Any], new: list[Any], path: str) -> list[Change]:
     """The elements that differ, by index: `command[3]: "8" -> "16"`, `args[2]: added "--n"`; a nested
     element is compared field by field. Lists that share nothing are shown whole, as a value."""
     if len(old) == len(new):
-        out: list[str] = []
+        out: list[Change] = []
         for i, (a, b) in enumerate(zip(old, new, strict=True)):
             out.extend(spec_changes(a, b, f"{path}[{i}]"))
         if len(out) <= 4 or len(out) < len(old):
@@ -51,7 +52,7 @@ def _list_changes(old: list[Any], new: list[Any], path: str) -> list[str]:
     opcodes = [op for op in matcher.get_opcodes() if op[0] != "equal"]
     if len(opcodes) > 4 or not any(op[0] == "equal" for op in matcher.get_opcodes()):
         before, after = _around(canonical(old), canonical(new))
-        return [f"{path}: {before} -> {after}"]
+        return [Change(path, before, after)]
     out = []
     for tag, i1, i2, j1, j2 in opcodes:
         if tag == "replace" and i2 - i1 == j2 - j1:
@@ -59,9 +60,9 @@ def _list_changes(old: list[Any], new: list[Any], path: str) -> list[str]:
                 out.extend(spec_changes(old[i1 + k], new[j1 + k], f"{path}[{i1 + k}]"))
             continue
         if tag in ("delete", "replace"):
-            out.append(f"{path}[{i1}]: removed " + " ".join(_short(x) for x in old[i1:i2]))
+            out.append(Change(f"{path}[{i1}]", note="removed " + " ".join(_short(x) for x in old[i1:i2])))
         if tag in ("insert", "replace"):
-            out.append(f"{path}[{j1}]: added " + " ".join(_short(x) for x in new[j1:j2]))
+            out.append(Change(f"{path}[{j1}]", None, " ".join(_short(x) for x in new[j1:j2])))
     return out
 
 

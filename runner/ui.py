@@ -177,12 +177,14 @@ class Reporter:
         held = sum(1 for d in decisions if d.action == "pending")
         failing = [d.name for d in decisions if d.action == "fail"]
         blocked = [d.name for d in decisions if d.action == "block"]
-        if pending or held or failing:
+        if pending or held or failing or blocked:
             unchanged = len(decisions) - pending - held - len(failing) - len(blocked)
             text = f"plan: {pending} step(s) to run, {unchanged} unchanged"
             text += f", {held} restart(s) pending (--force)" if held else ""
             text += f"; would fail now: {', '.join(failing)}" if failing else ""
-            self._print(text + (f"; blocked by them: {', '.join(blocked)}" if blocked else ""))
+            if blocked:
+                text += f"; blocked by them: {', '.join(blocked)}" if failing else f"; blocked: {', '.join(blocked)}"
+            self._print(text)
         else:
             self._print("plan: nothing to do")
 
@@ -196,7 +198,7 @@ def recap_counts(results: list[Result]) -> dict[str, int]:
     return counts
 
 
-EVENTS_VERSION = 1
+EVENTS_VERSION = 2  # 2: `changes` are objects (field, old, new), and `cause` is data
 
 
 class JsonReporter(Reporter):
@@ -238,6 +240,8 @@ class JsonReporter(Reporter):
             fields.update(error=result.error, hint=result.hint, tail=result.tail, log=result.log)
         if result.attempts:
             fields["attempts"] = result.attempts
+        if result.cause is not None:
+            fields["cause"] = result.cause.to_json()
         self._emit("step_finished", **fields)
 
     def run_finished(self, results: list[Result], exit_code: int) -> None:
@@ -245,7 +249,7 @@ class JsonReporter(Reporter):
 
     def plan(self, decisions: list[Decision]) -> None:
         for d in decisions:
-            self._emit("planned", step=d.name, action=d.action, reason=d.reason, changes=list(d.changes))
+            self._emit("planned", **d.to_json())
         actions = ("run", "maybe", "fail", "block", "pending", "ok", "skip")
         counts = {a: sum(1 for d in decisions if d.action == a) for a in actions}
         self._emit("plan_finished", actions=counts)

@@ -16,6 +16,8 @@ from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
+from runner.causes import Change as Change  # what a probe and describe_changes report
+
 
 def _without_pydantic_plugins() -> None:
     """runner's own models are not for third-party pydantic plugins, which pydantic finds by reading the entry
@@ -71,11 +73,12 @@ class SpecModel(BaseModel):
 
 @dataclass(frozen=True)
 class Probe:
-    """The result of a probe: ``ok``, or ``missing``/``drift`` with a reason and field-level changes."""
+    """The result of a probe: ``ok``, or ``missing``/``drift`` with a reason and field-level changes (a
+    :class:`Change`, or a kind's own words for one)."""
 
     status: Literal["ok", "missing", "drift"]
     reason: str = ""
-    changes: tuple[str, ...] = ()
+    changes: tuple[Change | str, ...] = ()
     # ok, but what the step provides is down on purpose (a job `runner stop` stopped): what depends on it and
     # would run is blocked, by name, instead of running against nothing
     stopped: bool = False
@@ -94,7 +97,7 @@ class Probe:
         return cls("missing", reason)
 
     @classmethod
-    def drift(cls, reason: str, changes: tuple[str, ...] = ()) -> Probe:
+    def drift(cls, reason: str, changes: tuple[Change | str, ...] = ()) -> Probe:
         return cls("drift", reason, changes)
 
 
@@ -245,9 +248,9 @@ class StepKind(Generic[SpecT]):
         `dry_run`, what it would do) in a few words, or None when there is nothing to remove."""
         return None
 
-    def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[str]) -> list[str]:
+    def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[Change]) -> list[Change]:
         """For `plan`: the field-level changes in the kind's own terms (`ref: main@3f2a1c -> v1.2 (9b7e00)`);
-        read-only and local. The default keeps the generic `field: old -> new` lines."""
+        read-only and local. The default keeps the generic (field, old, new) changes."""
         return changes
 
     def preview(self, ctx: StepContext) -> str | None:

@@ -36,7 +36,7 @@ from steps._support import faults, remote
 from steps._support.gitdir import NETWORK_ERRORS, git_dir, head, origin_url, same_url
 from steps._support.process import run_process
 from steps._support.supervise import start_time
-from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
+from steps.base import Change, Probe, SpecModel, StepContext, StepError, StepKind
 
 HEX = re.compile(r"^[0-9a-f]{7,40}$")
 
@@ -104,7 +104,7 @@ class GitStep(StepKind[GitSpec]):
 
         return RemoteGit(self)
 
-    def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[str]) -> list[str]:
+    def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[Change]) -> list[Change]:
         spec = self.spec
         if spec.host:
             return changes
@@ -119,8 +119,8 @@ class GitStep(StepKind[GitSpec]):
                 ctx.resolve(spec.dest), f"origin/{spec.ref}^{{commit}}", ctx.env
             )
             new = f" ({found[:7]})" if found else " (not in the clone yet: fetched on apply)"
-        line = f"ref: {old_ref or 'HEAD'}" + (f"@{was}" if was else "") + f" -> {spec.ref or 'HEAD'}{new}"
-        return [line if c.startswith("ref:") else c for c in changes]
+        ref = Change("ref", f"{old_ref or 'HEAD'}" + (f"@{was}" if was else ""), f"{spec.ref or 'HEAD'}{new}")
+        return [ref if c.field == "ref" else c for c in changes]
 
     def _url(self, ctx: StepContext) -> str:
         """A url that starts with ./ or ../ is a path relative to the pipeline file (a bundle shipped beside it)."""
@@ -138,7 +138,7 @@ class GitStep(StepKind[GitSpec]):
         url = origin_url(gitdir)
         if not same_url(url, self._url(ctx)):
             return Probe.drift(
-                f"origin of {spec.dest} is {url}, not {self._url(ctx)}", (f"url: {url} -> {self._url(ctx)}",)
+                f"origin of {spec.dest} is {url}, not {self._url(ctx)}", (Change("url", url, self._url(ctx)),)
             )
         commit, branch = head(gitdir)
         recorded = str(ctx.record_outputs.get("commit", ""))
@@ -146,19 +146,19 @@ class GitStep(StepKind[GitSpec]):
             return Probe.missing(f"{spec.dest} has no HEAD commit")
         if spec.ref and HEX.match(spec.ref.lower()):
             if not commit.startswith(spec.ref.lower()):
-                return Probe.drift(f"HEAD is {commit[:12]}, not {spec.ref}", (f"ref: {commit[:12]} -> {spec.ref}",))
+                return Probe.drift(f"HEAD is {commit[:12]}, not {spec.ref}", (Change("ref", commit[:12], spec.ref),))
             return Probe.ok()
         if commit != recorded:
             return Probe.drift(
                 f"HEAD moved to {commit[:12]} (recorded {recorded[:12] or 'none'})",
-                (f"commit: {recorded[:12]} -> {commit[:12]}",),
+                (Change("commit", recorded[:12], commit[:12]),),
             )
         if spec.update:
             wanted = spec.ref or ctx.record_outputs.get("branch") or "HEAD"
             remote = self._remote_head(ctx, str(wanted))
             if remote and remote != commit:
-                change = f"{commit[:12]} -> {remote[:12]}"
-                return Probe.drift(f"origin/{wanted} moved: {change}", (f"commit: {change}",))
+                change = Change("commit", commit[:12], remote[:12])
+                return Probe.drift(f"origin/{wanted} moved: {commit[:12]} -> {remote[:12]}", (change,))
         return Probe.ok(f"at {commit[:12]}" + (f" ({branch})" if branch else ""))
 
     def _remote_head(self, ctx: StepContext, ref: str) -> str | None:

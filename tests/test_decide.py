@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from runner import words
+from runner.causes import Change
 from runner.decide import decide, to_observe
 from runner.events import Decision
 from runner.record import StepRecord
@@ -24,7 +26,7 @@ def done(**fields: Any) -> StepRecord:
 
 def text(decision: Decision) -> str:
     line = f"{decision.name}: {decision.action} - {decision.reason}"
-    return line + "".join(f"\n  {c}" for c in decision.changes)
+    return line + "".join(f"\n  {words.change(c)}" for c in decision.changes)
 
 
 CASES: list[tuple[str, StepRecord | None, dict[str, Any], str]] = [
@@ -59,7 +61,7 @@ CASES: list[tuple[str, StepRecord | None, dict[str, Any], str]] = [
     (
         "spec-changed",
         done(fingerprint="old"),
-        {"changes": ["ref: main@3f2a1c -> v1.2 (9b7e00)"]},
+        {"changes": [Change("ref", "main@3f2a1c", "v1.2 (9b7e00)")]},
         "s: run - spec changed: ref: main@3f2a1c -> v1.2 (9b7e00)\n  ref: main@3f2a1c -> v1.2 (9b7e00)",
     ),
     (
@@ -72,7 +74,7 @@ CASES: list[tuple[str, StepRecord | None, dict[str, Any], str]] = [
     (
         "a-running-job-waits-for-force",
         done(fingerprint="old"),
-        {"changes": ["command: 'a' -> 'b'"], "live": "pid 42 is running", "step": "train"},
+        {"changes": [Change("command", "'a'", "'b'")], "live": "pid 42 is running", "step": "train"},
         "s: pending - restart pending (spec changed: command: 'a' -> 'b'); pid 42 is running; "
         "`apply --force train` restarts it\n  command: 'a' -> 'b'",
     ),
@@ -87,7 +89,7 @@ CASES: list[tuple[str, StepRecord | None, dict[str, Any], str]] = [
     (
         "probe-drift-lists-changes",
         done(),
-        {"probe": Probe("drift", "container drifted", ("ports: 8000 -> 9000",))},
+        {"probe": Probe("drift", "container drifted", (Change("ports", "8000", "9000"),))},
         "s: run - container drifted\n  ports: 8000 -> 9000",
     ),
 ]

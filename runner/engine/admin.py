@@ -9,6 +9,7 @@ from glob import escape as glob_escape
 from pathlib import Path
 from typing import Any
 
+from runner import words
 from runner.engine.plan import Planning
 from runner.engine.prepare import Prepared
 from runner.engine.schedule import Scheduling
@@ -59,9 +60,9 @@ class Admin(Planning, Scheduling):
         else:
             decision = decisions.get(name)
         if decision is not None:
-            lines.append(f"  decision: {decision.action} - {decision.reason}")
+            lines.append(f"  decision: {decision.action} - {decision.brief if decision.changes else decision.reason}")
             for change in decision.changes:
-                lines.append(f"    {change}")
+                lines.append(f"    {words.change(change)}")
         record = self.record(target)
         self._explain_record(lines, record)
         if step.common.for_each is not None and not key:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from runner.engine.observe import Deciding
+from runner.engine import deadline
 from runner.engine.prepare import Item, Prepared
+from runner.engine.walk import Look, Outcome, Walking
 from runner.errors import InputError
 from runner.events import Decision, Result, Status
 from runner.fingerprint import digest
@@ -21,53 +24,77 @@ from steps._support import faults, sweep
 from steps._support.words import is_template
 from steps.base import StepError
 
+STATUS_OUTCOME: dict[Status, Outcome] = {
+    "ok": "ok",
+    "pending": "ok",
+    "changed": "changed",
+    "failed": "failed",
+    "interrupted": "failed",
+    "blocked": "blocked",
+    "skipped": "skipped",
+    "unselected": "unselected",
+}
 
-class Executing(Deciding):
-    """One step run: retries, timeout, cancel, outputs and its record; a for_each step's items."""
 
-    def _unselected(self, name: str) -> Result:
-        step = self.pipeline.step(name)
-        self._adopt_record(name)
-        if step.exports_env:
-            with contextlib.suppress(InputError):
-                self.prepare(step)
-        return Result(name, "unselected")
+class Executing(Walking):
+    """Carrying out the walk's decision for one step: retries, timeout, cancel, outputs and its record; a
+    for_each step's items."""
 
-    def _run_one(self, name: str, log_dir: Path) -> Result:
-        step = self.pipeline.step(name)
+    def _run_one(self, name: str, outcomes: Mapping[str, Outcome], log_dir: Path) -> Result:
         started = time.monotonic()
-        if step.common.for_each is not None:
-            return self._run_each(step, log_dir, started)
-        looked = self._look(name, log_dir, started)
+        looked = self._look(name, outcomes, log_dir, started)
         if isinstance(looked, Result):
             return looked
         return self._execute(*looked)
 
-    def _look(self, name: str, log_dir: Path, started: float) -> Result | tuple[Prepared, Decision, float, Path]:
-        """A step's decision, and its result when it need not run (up to date, skipped, blocked, failed to
-        render); else what `_execute` needs. The scheduler calls it in its own thread for steps whose looking is
-        local (no network), so a converged step costs no hand-over to a worker."""
+    def _look(
+        self, name: str, outcomes: Mapping[str, Outcome], log_dir: Path, started: float
+    ) -> Result | tuple[Prepared, Decision, float, Path]:
+        """The walk's decision for a step, and its result when it need not run (up to date, skipped, blocked,
+        failed to render); else what `_execute` needs. The scheduler calls it in its own thread for steps whose
+        looking is local (no network), so a converged step costs no hand-over to a worker."""
         step = self.pipeline.step(name)
-        log_path = log_dir / f"{name}.log"
-        try:
-            prep = self.prepare(step, log_path)
-        except InputError as exc:
-            return self._report(Result(name, "failed", error=str(exc), input_error=True))
-        except StepError as exc:  # looking at it failed (its inputs' hashing interrupted or timed out)
-            return self._report(self._not_looked_at(name, exc, started))
-        if prep is None:
-            return self._skipped(step)
-        decision = self.decide(prep, crashed_ok=True)
-        if decision.action == "block":  # what it needs is stopped or held on purpose
-            self._adopt_record(name)
-            return self._report(Result(name, "blocked", decision.reason, time.monotonic() - started))
+        looked = self.look(name, outcomes, planning=False)
+        decision = looked.decision
+        if looked.error is not None and not looked.items:
+            return self._render_failed(name, looked.error, started, looked.error_item)
+        if decision is None:
+            return Result(name, "unselected")
+        if decision.action == "block":
+            if decision.cause.kind == "held":
+                self._adopt_record(name)
+            took = time.monotonic() - started
+            return self._report(Result(name, "blocked", decision.reason, took, cause=decision.cause))
+        if decision.action == "skip":
+            return self._report(Result(name, "skipped", decision.reason, cause=decision.cause))
+        if step.common.for_each is not None:
+            return self._run_each(step, looked, log_dir, started)
         if decision.action in ("ok", "pending"):
             self._adopt_record(name)
             kept = (self.record(name) or StepRecord({})).outputs
-            result = Result(name, decision.action, decision.reason, time.monotonic() - started, outputs=kept)
+            result = Result(
+                name, decision.action, decision.reason, time.monotonic() - started, outputs=kept, cause=decision.cause
+            )
             self.reporter.step_finished(result)
             return result
-        return prep, decision, started, log_path
+        assert looked.prep is not None
+        return looked.prep, decision, started, log_dir / f"{name}.log"
+
+    def _apply_once(self, prep: Prepared, tag: str) -> dict[str, Any]:
+        """One attempt of the kind's apply, within the step's `timeout:` (runner/engine/deadline.py)."""
+        timeout = prep.step.common.timeout
+        if timeout is None:
+            prep.ctx.cancel = self.cancel
+            return prep.instance.apply(prep.ctx)
+        cancel = deadline.StepCancel(self.cancel)
+        prep.ctx.cancel = cancel
+        return deadline.within(lambda: prep.instance.apply(prep.ctx), timeout, cancel, tag, prep.key, self.hurry)
+
+    def _render_failed(self, name: str, exc: InputError | StepError, started: float, item: str = "") -> Result:
+        prefix = f"item {item}: " if item else ""
+        if isinstance(exc, InputError):
+            return self._report(Result(name, "failed", error=f"{prefix}{exc}", input_error=True))
+        return self._report(self._not_looked_at(name, exc, started, prefix))
 
     def _not_looked_at(self, name: str, exc: StepError, started: float, prefix: str = "") -> Result:
         interrupted = self.cancel.is_set()
@@ -79,41 +106,17 @@ class Executing(Deciding):
         self.reporter.step_finished(result)
         return result
 
-    def _skipped(self, step: StepDecl) -> Result:
-        self._adopt_record(step.name)
-        self.digests[step.name] = "skipped"
-        return self._report(Result(step.name, "skipped", f"`when` is false: {step.common.when}"))
-
-    def _run_each(self, step: StepDecl, log_dir: Path, started: float) -> Result:
-        """A for_each step: its items in order, each decided and recorded on its own; then one record for the
-        step whose outputs (`items`, `keys`, `count`) and digest later steps see."""
+    def _run_each(self, step: StepDecl, looked: Look, log_dir: Path, started: float) -> Result:
+        """A for_each step: the walk decided each item; those to run run in order, each recorded on its own;
+        then one record for the step whose outputs (`items`, `keys`, `count`) and digest later steps see."""
         name = step.name
-        try:
-            items = self.items(step)
-        except InputError as exc:
-            return self._report(Result(name, "failed", error=str(exc), input_error=True))
-        if items is None:
-            return self._skipped(step)
-        try:
-            self.check_item_targets(step, items, self.options.force)
-        except InputError as exc:
-            return self._report(Result(name, "failed", error=str(exc), input_error=True))
+        items = looked.all_items or []
         ran = 0
         kept: list[StepRecord] = []
-        for item in items:
+        for (prep, decision), item in zip(looked.items, items, strict=False):
             self.reporter.progress(name, item.index, len(items), "items")
-            log_path = log_dir / f"{name}[{item.key}].log"
-            try:
-                prep = self.prepare(step, log_path, item)
-            except InputError as exc:
-                return self._report(Result(name, "failed", error=f"item {item.key}: {exc}", input_error=True))
-            except StepError as exc:
-                return self._report(self._not_looked_at(name, exc, started, f"item {item.key}: "))
-            assert prep is not None
-            decision = self.decide(prep, crashed_ok=True)
-            if decision.action == "block":
-                return self._report(Result(name, "blocked", decision.reason, time.monotonic() - started))
             if decision.action not in ("ok", "pending"):
+                log_path = log_dir / f"{name}[{item.key}].log"
                 outcome = self._execute(prep, decision, time.monotonic(), log_path)
                 if outcome.status not in ("ok", "changed"):
                     return Result(
@@ -128,6 +131,8 @@ class Executing(Deciding):
                     )
                 ran += 1
             kept.append(self.record(prep.key) or StepRecord({}))
+        if looked.error is not None:  # an item that did not render: the ones before it ran
+            return self._render_failed(name, looked.error, started, looked.error_item)
         self.reporter.progress(name, len(items), len(items), "items")
         self._gather(step, items, kept, ran > 0, time.monotonic() - started)
         keys = [i.key for i in items]
@@ -206,6 +211,7 @@ class Executing(Deciding):
         name = prep.key
         common = prep.step.common
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        prep.ctx.log_path = log_path
         if prep.instance.changes_system:
             self.reporter.step_started(name, decision.reason)
         prep.ctx.progress = lambda done, total, unit: self.reporter.progress(name, done, total, unit)
@@ -251,7 +257,7 @@ class Executing(Deciding):
                     attempts += 1
                     if self.cancel.is_set():
                         raise _Cancelled()
-                    outputs = prep.instance.apply(prep.ctx)
+                    outputs = self._apply_once(prep, tag)
         except (StepError, _Cancelled) as exc:
             self._stop_left_running(name, tag, prep=prep)
             duration = time.monotonic() - started
@@ -270,6 +276,7 @@ class Executing(Deciding):
                 tail=self.masker.mask(exc.output_tail) if isinstance(exc, StepError) else "",
                 log=str(log_path) if log_path.exists() else "",
                 attempts=attempts,
+                cause=decision.cause,
             )
             self.reporter.step_finished(result)
             return result
@@ -283,7 +290,14 @@ class Executing(Deciding):
                 message = self.masker.mask(f"internal error in the {prep.step.kind} step: {type(exc).__name__}: {exc}")
             self.state.replace(name, begun.ended(False, now(), duration, attempts, message).to_dict())
             result = Result(
-                name, "failed", decision.reason, duration, error=message, log=str(log_path), attempts=attempts
+                name,
+                "failed",
+                decision.reason,
+                duration,
+                error=message,
+                log=str(log_path),
+                attempts=attempts,
+                cause=decision.cause,
             )
             self.reporter.step_finished(result)
             if self.options.verbose:
@@ -329,7 +343,17 @@ class Executing(Deciding):
         else:
             reason = decision.reason
         note = self.masker.mask(prep.instance.note(shown)) if shown else ""
-        result = Result(name, status, reason, duration, log=str(log_path), attempts=attempts, outputs=shown, note=note)
+        result = Result(
+            name,
+            status,
+            reason,
+            duration,
+            log=str(log_path),
+            attempts=attempts,
+            outputs=shown,
+            note=note,
+            cause=decision.cause,
+        )
         self.reporter.step_finished(result)
         return result
 

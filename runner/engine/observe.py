@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from runner.causes import Cause, Change, cause
 from runner.decide import decide, to_observe
 from runner.engine.prepare import Prepared, Removals
 from runner.events import Decision
@@ -26,7 +27,7 @@ class Deciding(Removals):
         """Look at what runner.decide asks for (the record always; the changes or the probe), then decide."""
         record = self.record(prep.key)
         forced = prep.step.name in self.options.force or prep.key in self.options.force
-        changes: list[str] = []
+        changes: list[Change] = []
         live: str | None = None
         probe: Probe | None = None
         looking = to_observe(record, prep.fingerprint, forced)
@@ -35,7 +36,8 @@ class Deciding(Removals):
             live = self._live_work(prep)
         elif looking == "probe":
             found = self._probe(prep)
-            probe = Probe(found.status, self.masker.mask(found.reason), found.changes, found.stopped)
+            masked = tuple(self._mask_change(c) for c in found.changes)
+            probe = Probe(found.status, self.masker.mask(found.reason), masked, found.stopped)
         decision = decide(
             prep.key,
             record,
@@ -52,40 +54,46 @@ class Deciding(Removals):
             left = self._left_running(prep.key, record)
             if left:
                 count, shown = sweep.describe(left, self.masker.mask)
-                decision = Decision(
-                    decision.name,
-                    decision.action,
-                    f"{decision.reason}; {count} it started still running, stopped before it runs again: {shown}",
-                )
+                why = Cause("crashed", {**decision.cause.data, "left": count, "left_shown": shown})
+                decision = Decision(decision.name, decision.action, why, decision.changes)
         step = prep.step.name
         if decision.action == "pending":
-            self.holding[step] = (
-                f"{step} has a restart pending (its job runs with the old spec; `apply --force {step}`)"
-            )
+            self.holding[step] = "restart_pending"
         elif decision.action == "ok" and probe is not None and probe.stopped:
-            self.holding[step] = f"{step} is stopped (`runner stop`; `apply --force {step}` relaunches it)"
+            self.holding[step] = "stopped"
         if decision.action == "run" and self.holding and not forced:
             held = self._held_upstream(step)
             if held:
-                return Decision(decision.name, "block", f"blocked: {'; '.join(held)}", decision.changes)
+                return Decision(decision.name, "block", cause("held", holds=held), decision.changes)
         return decision
 
-    def _held_upstream(self, name: str) -> list[str]:
-        """Why the steps `name` depends on (transitively) cannot serve it now: stopped, or a restart held."""
+    def _held_upstream(self, name: str) -> list[list[str]]:
+        """The steps `name` depends on (transitively) that cannot serve it now: [step, how] in file order."""
         ancestors = self.graph.upstream({name}) - {name}
         held = sorted((a for a in ancestors if a in self.holding), key=lambda a: self.pipeline.step(a).index)
-        return [self.holding[a] for a in held]
+        return [[a, self.holding[a]] for a in held]
 
-    def _changes(self, prep: Prepared, record: StepRecord) -> list[str]:
+    def _changes(self, prep: Prepared, record: StepRecord) -> list[Change]:
         """The spec's field-level changes since the record, in the kind's own terms where it has them."""
         self.masker.scan(record.spec)  # a record written before a value was known to be secret
         changes = spec_changes(self.masker.mask_data(record.spec), self.masker.mask_data(prep.spec))
         if changes and record.spec is not None:
             try:
-                changes = [self.masker.mask(c) for c in prep.instance.describe_changes(prep.ctx, record.spec, changes)]
+                changes = [self._mask_change(c) for c in prep.instance.describe_changes(prep.ctx, record.spec, changes)]
             except (StepError, OSError):
                 pass
         return changes
+
+    def _mask_change(self, change: Change | str) -> Change:
+        if isinstance(change, str):
+            return Change.fact(self.masker.mask(change))
+        mask = self.masker.mask
+        return Change(
+            mask(change.field),
+            None if change.old is None else mask(change.old),
+            None if change.new is None else mask(change.new),
+            mask(change.note),
+        )
 
     def _live_work(self, prep: Prepared) -> str | None:
         try:

@@ -15,8 +15,11 @@ from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 from types import FrameType
 
+from runner import words
+from runner.causes import cause
 from runner.engine.base import Interrupted
-from runner.engine.execute import Executing
+from runner.engine.execute import STATUS_OUTCOME, Executing
+from runner.engine.walk import Outcome
 from runner.events import Result
 from runner.model import StepDecl
 from runner.state import check_writable, pipeline_lock
@@ -59,19 +62,26 @@ class Scheduling(Executing):
             shutil.rmtree(old, ignore_errors=True)
 
     def _schedule(self, log_dir: Path) -> list[Result]:
+        """The walk in apply: each step is decided (runner/engine/walk.py) once what it waits on has finished,
+        with their real outcomes, and carried out; -j N steps at once."""
+        self.begin_walk()
         order = self.graph.order()
         index = {n: i for i, n in enumerate(order)}
-        selected = self.selected()
         remaining = {n: len(self.graph.after[n]) for n in order}
         ready = [index[n] for n in order if remaining[n] == 0]
         heapq.heapify(ready)
         results: dict[str, Result] = {}
+        outcomes: dict[str, Outcome] = {}
         running: dict[Future[Result], str] = {}
         stop = False
         jobs = max(1, self.options.jobs)
 
         def finish(name: str, result: Result) -> None:
+            nonlocal stop
             results[name] = result
+            outcomes[name] = STATUS_OUTCOME[result.status]
+            if result.status in ("failed", "interrupted") and not self.options.keep_going:
+                stop = True
             for child in self.graph.dependents[name]:
                 remaining[child] -= 1
                 if remaining[child] == 0:
@@ -82,39 +92,22 @@ class Scheduling(Executing):
             while ready or running:
                 while ready and len(running) < jobs and not stop:
                     name = order[heapq.heappop(ready)]
-                    blocked_by = [
-                        d for d in self.graph.after[name] if results[d].status in ("failed", "blocked", "interrupted")
-                    ]
-                    if blocked_by:
-                        result = Result(name, "blocked", f"waits on {', '.join(blocked_by)}, which did not succeed")
-                        if name in selected:
-                            self.reporter.step_finished(result)
-                        finish(name, result)
-                        continue
-                    if name not in selected:
-                        finish(name, self._unselected(name))
-                        continue
+                    before = {d: outcomes[d] for d in self.graph.after[name]}
                     step = self.pipeline.step(name)
                     if step.common.for_each is None and (jobs == 1 or _local_probe(step)):
                         # looked at here: a step that is up to date costs no hand-over to a worker
-                        looked = self._look(name, log_dir, time.monotonic())
+                        looked = self._look(name, before, log_dir, time.monotonic())
                         if isinstance(looked, Result):
                             finish(name, looked)
-                            if looked.status in ("failed", "interrupted") and not self.options.keep_going:
-                                stop = True
                             continue
                         running[executor.submit(self._execute, *looked)] = name
                         continue
-                    running[executor.submit(self._run_one, name, log_dir)] = name
+                    running[executor.submit(self._run_one, name, before, log_dir)] = name
                 if not running:
                     break
                 done, _ = wait(list(running), timeout=0.2, return_when=FIRST_COMPLETED)
                 for fut in done:
-                    name = running.pop(fut)
-                    result = fut.result()
-                    finish(name, result)
-                    if result.status in ("failed", "interrupted") and not self.options.keep_going:
-                        stop = True
+                    finish(running.pop(fut), fut.result())
         except Interrupted:
             self.cancel.set()
             # the steps running now stop (their groups get the stop signal, then SIGKILL after the grace) and are
@@ -138,8 +131,8 @@ class Scheduling(Executing):
             executor.shutdown(wait=True)
         # Steps never reached (after a failure without --keep-going).
         for name in order:
-            if name not in results and name in selected:
-                results[name] = Result(name, "blocked", "not started: an earlier step failed")
+            if name not in results and name in self._selected:
+                results[name] = Result(name, "blocked", words.reason(cause("not_started")), cause=cause("not_started"))
         return [results[n] for n in order if n in results and results[n].status != "unselected"]
 
 
