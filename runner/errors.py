@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+
 
 class InputError(Exception):
     """Bad input: a pipeline file, a flag or a template. Exit code 2.
@@ -47,3 +49,9 @@ class StateError(Exception):
 
 class LockedError(Exception):
     """Another apply holds the pipeline's lock. Exit code 1."""
+
+
+def suggest(word: str, choices: list[str]) -> str:
+    """The end of an "unknown name" message: the nearest of `choices`, or all of them."""
+    near = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
+    return f"; did you mean {near[0]!r}?" if near else f"; expected one of: {', '.join(sorted(choices))}"

@@ -14,7 +14,7 @@ from jinja2 import nodes
 from jinja2.sandbox import SandboxedEnvironment
 
 from runner.simple_template import MAX_RENDERED, TemplateLimit, check_call, quote, to_bool
-from runner.template import (
+from runner.template_base import (
     MAX_ITERATIONS,
     MAX_RENDER_SECONDS,
     MAX_SEQUENCE,

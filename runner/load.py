@@ -7,7 +7,6 @@ every value and every key by its path, so a pydantic error at ``steps[2].run.com
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from runner.errors import InputError
+from runner.errors import InputError, suggest
 from runner.marks import MarkedData, Path_, dotted
 from runner.model import COMMON_FIELDS, TOP_LEVEL_FIELDS, Pipeline, PipelineHeader, StepCommon, StepDecl
 from steps import KINDS, kind_class
@@ -117,11 +116,6 @@ def read_text(path: Path, what: str = "pipeline file", missing_hint: str = " (us
         raise InputError(
             f"not valid UTF-8 (byte 0x{raw[exc.start]:02x})", file=shown, line=line, column=column
         ) from None
-
-
-def suggest(word: str, choices: list[str]) -> str:
-    near = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"; did you mean {near[0]!r}?" if near else f"; expected one of: {', '.join(sorted(choices))}"
 
 
 TYPE_WORDS = {

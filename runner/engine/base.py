@@ -56,8 +56,8 @@ class EngineBase:
         self.outputs: dict[str, dict[str, Any]] = {}
         self.digests: dict[str, str] = {}
         self.exports: dict[str, dict[str, str]] = {}
-        # steps up to date whose service is down on purpose (stopped, a held restart) -> why: what depends on
-        # them and would run is blocked (observe.Deciding.decide)
+        # steps up to date whose service is down on purpose -> how ("stopped", "restart_pending"): what depends
+        # on them and would run is blocked (observe.Deciding.decide)
         self.holding: dict[str, str] = {}
         self.cancel = threading.Event()
         self.hurry = threading.Event()  # a second signal: what still runs gets SIGKILL, no grace
@@ -90,7 +90,7 @@ class EngineBase:
     def check_target(self, target: str, *, items: bool = True) -> str:
         """The step a command names: `NAME`, or `NAME[key]` (an item of a for_each step) where `items` allows;
         InputError otherwise. Returns the step's name (whether the item exists is known once its items render)."""
-        from runner.load import suggest
+        from runner.errors import suggest
 
         known = list(self.graph.names)
         name, bracket, rest = target.partition("[")

@@ -156,7 +156,7 @@ class Preparing(EngineBase):
         keys = [i.key for i in items]
         for key in wanted:
             if key not in keys:
-                from runner.load import suggest
+                from runner.errors import suggest
 
                 raise InputError(f"{step.name} has no item {key!r}" + suggest(key, keys))
 
