@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from steps._support.installer import pip_settings
-from steps.pip import SIMPLE_REQUIREMENT
+from steps._support.python_env import SIMPLE_REQUIREMENT
 from tests.conftest import Project
 from tests.wheels import make_project, make_wheel
 

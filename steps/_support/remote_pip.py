@@ -49,7 +49,7 @@ class RemotePip:
         """{python: found or None, data: the interpreter's listing, files: {path: text}, editables: {path: abs}}"""
         if self._seen is not None:
             return self._seen
-        from steps.pip import QUERY
+        from steps._support.python_env import QUERY
 
         spec = self.step.spec
         py = _path_word(self.python())
@@ -124,7 +124,7 @@ class RemotePip:
     def unsatisfied(self, ctx: StepContext, wanted: list[str] | None = None) -> list[str]:
         from packaging.requirements import InvalidRequirement, Requirement
 
-        from steps.pip import _check, _check_editable
+        from steps._support.python_env import check, check_editable
 
         spec = self.step.spec
         seen = self.look(ctx)
@@ -137,13 +137,13 @@ class RemotePip:
                 req = Requirement(line)
             except InvalidRequirement:
                 continue
-            problems += _check(req, data["dists"], data["env"], checked, wanted=wanted)
+            problems += check(req, data["dists"], data["env"], checked, wanted=wanted)
         for path in spec.editable:
             absolute = seen["editables"].get(path)
             if not absolute:
                 problems.append(f"{path} does not exist on {self.host}")
                 continue
-            problems += _check_editable("file://" + absolute, data["dists"], data["env"], checked, wanted)
+            problems += check_editable("file://" + absolute, data["dists"], data["env"], checked, wanted)
         return problems
 
     def probe(self, ctx: StepContext) -> Probe:
@@ -197,9 +197,9 @@ class RemotePip:
         command = " ".join(words)
         result = remote.run(ctx, self.host, command, env={"PIP_NO_INPUT": "1"})
         if result.returncode != 0:
-            from steps.pip import _raise_failure
+            from steps._support.python_env import raise_failure
 
-            _raise_failure(f"pip install on {self.host}", result)
+            raise_failure(f"pip install on {self.host}", result)
         self._seen = None
         left = self.unsatisfied(ctx)
         if left:
@@ -241,7 +241,7 @@ class RemotePip:
     def _outputs(self, ctx: StepContext) -> dict[str, Any]:
         from packaging.requirements import InvalidRequirement, Requirement
 
-        from steps.pip import _editable_dist, canonical
+        from steps._support.python_env import canonical, editable_dist
 
         seen = self.look(ctx)
         dists = (seen["data"] or {}).get("dists", {})
@@ -254,7 +254,7 @@ class RemotePip:
             if name in dists:
                 out[dists[name]["name"]] = dists[name]["version"]
         for absolute in seen["editables"].values():
-            found = _editable_dist("file://" + absolute, dists) if absolute else None
+            found = editable_dist("file://" + absolute, dists) if absolute else None
             if found:
                 out[found["name"]] = found["version"]
         return {"versions": dict(sorted(out.items())), "python": seen["python"] or self.python(), "host": self.host}
