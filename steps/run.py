@@ -13,15 +13,13 @@ the fingerprint (the rendered spec plus the content of its ``inputs``) and every
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
 from steps._support import remote
-from steps._support.files import check_patterns, content_digest, expand, remove_created
-from steps._support.process import run_process
-from steps._support.words import argv_of
+from steps._support.files import check_patterns
+from steps._support.machine import Machine, machine_for
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
 
@@ -71,6 +69,8 @@ class RunSpec(SpecModel):
 
 
 class RunStep(StepKind[RunSpec]):
+    """Written once against the step's machine (steps/_support/machine.py): this one, or `host`'s."""
+
     local_probe = True
     kind = "run"
     Spec = RunSpec
@@ -81,100 +81,59 @@ class RunStep(StepKind[RunSpec]):
     def remote_host(self) -> str | None:
         return self.spec.host
 
-    def _remote_look(self) -> tuple[str | None, dict[str, Any]]:
-        """On a host: `creates` and `inputs` there, in one round trip, kept for the probe and the fingerprint."""
+    def machine(self) -> Machine:
+        return machine_for(self.spec.host)
+
+    def _look(self, ctx: StepContext) -> tuple[str | None, dict[str, Any]]:
+        """`creates` and `inputs` where the command runs (on a host, one round trip), kept for the probe and the
+        fingerprint until apply runs the command."""
         if self._seen is None:
-            spec = self.spec
-            assert spec.host is not None
-            self._seen = remote.observe(spec.host, spec.cwd, spec.creates, spec.inputs)
+            self._seen = self.machine().look(ctx, self.spec.cwd, self.spec.creates, self.spec.inputs)
         return self._seen
 
     def probe(self, ctx: StepContext) -> Probe:
-        if self.spec.host:
-            if not self.spec.creates:
-                return Probe.ok()
-            missing, _ = self._remote_look()
-            return Probe.missing(f"{missing} does not exist on {self.spec.host}") if missing else Probe.ok()
-        for pattern in self.spec.creates:
-            if not expand(ctx.resolve(pattern), ctx):
-                return Probe.missing(f"{pattern} does not exist")
-        return Probe.ok()
+        if not self.spec.creates:
+            return Probe.ok()
+        machine = self.machine()
+        if machine.host is None:  # creates only: the inputs' digests are the fingerprint's, asked apart
+            missing, _ = machine.look(ctx, self.spec.cwd, self.spec.creates, [])
+        else:
+            missing, _ = self._look(ctx)
+        return Probe.missing(f"{missing} does not exist{machine.where}") if missing else Probe.ok()
 
     def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
         if not self.spec.inputs:
             return {}
-        if self.spec.host:
-            return {"remote_input_digests": self._remote_look()[1]}
-        found = {p: [str(x) for x in expand(ctx.resolve(p), ctx)] for p in self.spec.inputs}
-        paths = [ctx.resolve(x) for matches in found.values() for x in matches]
-        return {"inputs": found, "input_digests": content_digest(paths, ctx)}
+        machine = self.machine()
+        if machine.host is None:
+            return machine.look(ctx, self.spec.cwd, [], self.spec.inputs)[1]
+        return self._look(ctx)[1]
 
     def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
-        if not purge:
+        if not purge or not self.spec.creates:
             return None
-        if self.spec.host:
-            return self._remote_teardown(ctx, dry_run)
-        return "; ".join(remove_created(ctx, self.spec.creates, dry_run)) or None
-
-    def _remote_teardown(self, ctx: StepContext, dry_run: bool) -> str | None:
-        spec = self.spec
-        assert spec.host is not None
-        if not spec.creates:
-            return None
-        if dry_run:
-            return f"would remove {', '.join(spec.creates)} on {spec.host}"
-        cd = f"cd {remote.ssh.quote(spec.cwd)} || exit 1; " if spec.cwd else ""
-        removes = "; ".join(
-            f'{remote.match_lines(p)} | while IFS= read -r _p; do rm -rf -- "$_p"; done' for p in spec.creates
-        )
-        code, _ = remote.ssh.quick(spec.host, f"{cd}{removes}; :")
-        return f"removed {', '.join(spec.creates)} on {spec.host}" if code == 0 else None
-
-    def _remote_apply(self, ctx: StepContext) -> dict[str, Any]:
-        spec = self.spec
-        assert spec.host is not None
-        self._seen = None
-        result = remote.run(ctx, spec.host, spec.command, cwd=spec.cwd, env=spec.env)
-        if result.returncode != 0:
-            raise remote.failure(spec.host, result.returncode, spec.command, result.tail)
-        if spec.creates:
-            missing, _ = remote.observe(spec.host, spec.cwd, spec.creates, [])
-            if missing:
-                raise StepError(
-                    f"the command succeeded but did not create {missing} on {spec.host}",
-                    hint="fix the command or the `creates` path (relative paths are from the login directory or `cwd`)",
-                    output_tail="\n".join(result.tail),
-                )
-        stdout = result.stdout[:-1] if result.stdout.endswith("\n") else result.stdout
-        return {"rc": 0, "stdout": stdout, "cwd": spec.cwd or "~", "host": spec.host}
+        return self.machine().remove(ctx, self.spec.cwd, self.spec.creates, dry_run)
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         spec = self.spec
-        if spec.host:
-            return self._remote_apply(ctx)
-        argv = argv_of(spec.command)
-        cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
-        env = {**ctx.env, **spec.env}
-        if "PWD" in env:
-            env["PWD"] = str(cwd)
-        result = run_process(argv, ctx, cwd=cwd, env=env)
+        machine = self.machine()
+        self._seen = None
+        result = machine.run(ctx, spec.command, cwd=spec.cwd, env=spec.env)
         if result.returncode != 0:
-            shown = spec.command if isinstance(spec.command, str) else " ".join(spec.command)
-            if isinstance(spec.command, str) and result.returncode == 127:
-                hint = "the shell could not find a command (exit 127): check its name and PATH"
-            else:
-                hint = ""
-            raise StepError(
-                f"command exited with code {result.returncode}: {shown}",
-                hint=hint,
-                output_tail="\n".join(result.tail),
-            )
-        for pattern in spec.creates:
-            if not expand(ctx.resolve(pattern), ctx):
+            raise machine.failure(result.returncode, spec.command, result.tail)
+        if spec.creates:
+            missing, _ = machine.look(ctx, spec.cwd, spec.creates, [])
+            if missing:
+                hint = "fix the command or the `creates` path"
+                if machine.host is not None:
+                    hint += " (relative paths are from the login directory or `cwd`)"
                 raise StepError(
-                    f"the command succeeded but did not create {pattern}",
-                    hint="fix the command or the `creates` path",
+                    f"the command succeeded but did not create {missing}{machine.where}",
+                    hint=hint,
                     output_tail="\n".join(result.tail),
                 )
         stdout = result.stdout[:-1] if result.stdout.endswith("\n") else result.stdout
-        return {"rc": result.returncode, "stdout": stdout, "cwd": os.fspath(cwd)}
+        outputs: dict[str, Any] = {"rc": 0, "stdout": stdout, "cwd": machine.workdir(ctx, spec.cwd)}
+        if machine.host is not None:
+            outputs["host"] = machine.host
+        return outputs

@@ -60,17 +60,14 @@ class Executing(Walking):
             return self._render_failed(name, looked.error, started, looked.error_item)
         if decision is None:
             return Result(name, "unselected")
-        if decision.action == "block":
-            if decision.cause.kind == "held":
-                self._adopt_record(name)
+        if decision.action == "block":  # (the walk adopted its record: a held step's outputs are what they were)
             took = time.monotonic() - started
             return self._report(Result(name, "blocked", decision.reason, took, cause=decision.cause))
         if decision.action == "skip":
             return self._report(Result(name, "skipped", decision.reason, cause=decision.cause))
         if step.common.for_each is not None:
             return self._run_each(step, looked, log_dir, started)
-        if decision.action in ("ok", "pending"):
-            self._adopt_record(name)
+        if decision.action in ("ok", "pending"):  # its record's outputs, adopted by the walk, stand
             kept = (self.record(name) or StepRecord({})).outputs
             result = Result(
                 name, decision.action, decision.reason, time.monotonic() - started, outputs=kept, cause=decision.cause
@@ -193,9 +190,10 @@ class Executing(Walking):
         left: list[sweep.Leftover] = []
         host = prep.instance.remote_host() if prep is not None else None
         if host:
-            from steps._support import remote
+            from steps._support.machine import machine_for  # ssh's code, only for a step on another machine
 
-            left += [sweep.Leftover(pid, f"{command} (on {host})") for pid, command in remote.sweep(host, tag)]
+            there = machine_for(host)
+            left += [sweep.Leftover(pid, f"{command} ({there.where.strip()})") for pid, command in there.sweep(tag)]
         left += sweep.stop([tag])
         sweep.GUARDIAN.release(tag)
         if not left:

@@ -105,10 +105,10 @@ class Deciding(Removals):
     def _preview(self, prep: Prepared) -> str | None:
         host = prep.instance.remote_host()
         if host:  # a machine that cannot be reached fails every step there: plan says so, as apply will
-            from steps._support import ssh
+            from steps._support.machine import machine_for  # ssh's code, only for a step on another machine
 
             try:
-                ssh.connect(host)
+                machine_for(host).check()
             except StepError as exc:
                 return self.masker.mask(exc.message)
         try:

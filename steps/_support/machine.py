@@ -1,0 +1,167 @@
+"""The machine a step works on: this one (in-process: stat, glob, a child process) or another over ssh (the run's
+master connection and agent, steps/_support/ssh.py). A kind written against :class:`Machine` is written once and
+runs on either; `machine_for(host)` gives the one a step's `host:` names.
+
+What a machine offers a kind, each the same in meaning on both:
+
+- `look(ctx, cwd, creates, inputs)`: the first `creates` pattern that matches nothing (or None) and what goes
+  into the fingerprint for the `inputs` (their content digests); on another machine one round trip for both.
+- `run(ctx, command, cwd, env)`: the command (a list is argv, a string runs under `sh -c`), its output streamed
+  to the step's log, stopped with the step (timeout, Ctrl-C); `failure(...)` words a non-zero exit.
+- `remove(ctx, cwd, patterns, dry_run)`: `runner down --purge` of what the patterns name (regular files and
+  symbolic links, never a directory, never through a link).
+- `sweep(tag)`: stop what a step left running there, by its process tag.
+- `check()`: raise StepError when the machine cannot be reached (plan says such a step would fail).
+
+Paths: on this machine relative paths are from the pipeline file's directory (`cwd` too); on another, from the
+login directory, or from `cwd` for `creates` and `inputs`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from steps._support import remote, ssh
+from steps._support.files import content_digest, expand, remove_created
+from steps._support.process import Completed, run_process
+from steps._support.words import argv_of
+from steps.base import StepContext, StepError
+
+
+class Machine:
+    """This machine; :class:`SshMachine` is another. See the module's docstring for the operations."""
+
+    host: str | None = None  # the ssh destination, None for this machine
+
+    @property
+    def where(self) -> str:
+        """ " on HOST" for another machine, "" for this one: the end of a message about something there."""
+        return ""
+
+    def check(self) -> None:
+        return None
+
+    def look(
+        self, ctx: StepContext, cwd: str | None, creates: Sequence[str], inputs: Sequence[str]
+    ) -> tuple[str | None, dict[str, Any]]:
+        missing = next((p for p in creates if not expand(ctx.resolve(p), ctx)), None)
+        if not inputs:
+            return missing, {}
+        found = {p: [str(x) for x in expand(ctx.resolve(p), ctx)] for p in inputs}
+        paths = [ctx.resolve(x) for matches in found.values() for x in matches]
+        return missing, {"inputs": found, "input_digests": content_digest(paths, ctx)}
+
+    def workdir(self, ctx: StepContext, cwd: str | None) -> str:
+        """Where a command with this `cwd` runs, as the step's `cwd` output says it."""
+        return os.fspath(ctx.resolve(cwd) if cwd else ctx.pipeline_dir)
+
+    def run(
+        self,
+        ctx: StepContext,
+        command: str | list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stop_signal: str = "TERM",
+        grace: float = 3.0,
+    ) -> Completed:
+        where = ctx.resolve(cwd) if cwd else ctx.pipeline_dir
+        full = {**ctx.env, **(env or {})}
+        if "PWD" in full:
+            full["PWD"] = str(where)
+        return run_process(argv_of(command), ctx, cwd=where, env=full)
+
+    def failure(self, code: int, command: str | list[str], tail: Sequence[str], what: str = "command") -> StepError:
+        shown = command if isinstance(command, str) else " ".join(command)
+        hint = ""
+        if isinstance(command, str) and code == 127:
+            hint = "the shell could not find a command (exit 127): check its name and PATH"
+        return StepError(f"{what} exited with code {code}: {shown}", hint=hint, output_tail="\n".join(tail))
+
+    def remove(self, ctx: StepContext, cwd: str | None, patterns: list[str], dry_run: bool) -> str | None:
+        return "; ".join(remove_created(ctx, patterns, dry_run)) or None
+
+    def sweep(self, tag: str) -> list[tuple[int, str]]:
+        """Here the engine sweeps by itself (steps/_support/sweep.py, with the processes' own words)."""
+        return []
+
+
+class SshMachine(Machine):
+    """Another machine, over the run's ssh master for `host` (steps/_support/remote.py writes the shell)."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+
+    @property
+    def where(self) -> str:
+        return f" on {ssh.display(self.target)}"
+
+    @property
+    def target(self) -> str:
+        assert self.host is not None
+        return self.host
+
+    def check(self) -> None:
+        ssh.connect(self.target)
+
+    def look(
+        self, ctx: StepContext, cwd: str | None, creates: Sequence[str], inputs: Sequence[str]
+    ) -> tuple[str | None, dict[str, Any]]:
+        if not creates and not inputs:
+            return None, {}
+        missing, digests = remote.observe(self.target, cwd, creates, inputs)
+        return missing, ({"remote_input_digests": digests} if inputs else {})
+
+    def workdir(self, ctx: StepContext, cwd: str | None) -> str:
+        return cwd or "~"
+
+    def run(
+        self,
+        ctx: StepContext,
+        command: str | list[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stop_signal: str = "TERM",
+        grace: float = 3.0,
+    ) -> Completed:
+        return remote.run(ctx, self.target, command, cwd=cwd, env=env, stop_signal=stop_signal, grace=grace)
+
+    def failure(self, code: int, command: str | list[str], tail: Sequence[str], what: str = "command") -> StepError:
+        return remote.failure(self.target, code, command, tail, what=what)
+
+    def remove(self, ctx: StepContext, cwd: str | None, patterns: list[str], dry_run: bool) -> str | None:
+        if not patterns:
+            return None
+        if dry_run:
+            return f"would remove {', '.join(patterns)}{self.where}"
+        cd = f"cd {ssh.quote(cwd)} || exit 1; " if cwd else ""
+        # as here: regular files and links only, never a directory
+        removes = "; ".join(
+            f"{remote.match_lines(p)} | while IFS= read -r _p; do "
+            f'if [ -L "$_p" ] || [ -f "$_p" ]; then rm -f -- "$_p"; fi; done'
+            for p in patterns
+        )
+        code, _ = ssh.quick(self.target, f"{cd}{removes}; :")
+        return f"removed {', '.join(patterns)}{self.where}" if code == 0 else None
+
+    def sweep(self, tag: str) -> list[tuple[int, str]]:
+        return remote.sweep(self.target, tag)
+
+
+THIS = Machine()
+_machines: dict[str, SshMachine] = {}
+_lock = threading.Lock()
+
+
+def machine_for(host: str | None) -> Machine:
+    """The machine a step's `host:` names (None or "": this one); one object per host in a run."""
+    if not host:
+        return THIS
+    with _lock:
+        if host not in _machines:
+            _machines[host] = SshMachine(host)
+        return _machines[host]
