@@ -17,18 +17,16 @@ least that version, ``file`` contains ``contains``, each variable in ``env`` is 
 
 from __future__ import annotations
 
-import platform
 import re
 import shlex
-import shutil
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
 from steps._support import remote
-from steps._support.files import expand
-from steps._support.process import run_process
-from steps._support.words import FALSE_WORDS, TRUE_WORDS, argv_of, is_template
+from steps._support.facts import FactQuery
+from steps._support.machine import machine_for
+from steps._support.words import FALSE_WORDS, TRUE_WORDS, is_template
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind
 
 
@@ -87,18 +85,15 @@ class AssertSpec(SpecModel):
         return self
 
 
-def _sysctl_failure(key: str, lowest: int) -> list[str]:
-    path = "/proc/sys/" + key.replace(".", "/")
-    try:
-        with open(path, encoding="ascii", errors="replace") as fh:
-            text = fh.read().split()
-    except OSError:
-        return [f"{key} is not available here ({path} is missing: is its kernel module loaded?)"]
-    try:
-        value = int(text[0])
-    except (IndexError, ValueError):
-        return [f"{key} is {' '.join(text)!r}, not a number"]
-    return [f"{key} is {value}, below {lowest}"] if value < lowest else []
+def _sysctl_failure(key: str, lowest: int, text: str | None, where: str) -> list[str]:
+    if text is None:
+        path = "/proc/sys/" + key.replace(".", "/")
+        return [f"{key} is not available{where or ' here'} ({path} is missing: is its kernel module loaded?)"]
+    parts = text.split()
+    if not parts or not parts[0].lstrip("-").isdigit():
+        return [f"{key} is {' '.join(parts)!r}{where}, not a number"]
+    value = int(parts[0])
+    return [f"{key} is {value}{where}, below {lowest}"] if value < lowest else []
 
 
 class AssertStep(StepKind[AssertSpec]):
@@ -112,40 +107,40 @@ class AssertStep(StepKind[AssertSpec]):
         return self.spec.host
 
     def _failures(self, ctx: StepContext, run_commands: bool) -> list[str]:
-        if self.spec.host:
-            return self._remote_failures(ctx, self.spec.host, run_commands)
+        """Every check that does not hold, in words, on the step's machine (this one, or `host`'s: every check
+        but `that` runs there, the reads in one round trip, then the command)."""
         spec = self.spec
-        failures: list[str] = []
-        if spec.path is not None and not expand(ctx.resolve(spec.path), ctx):
-            failures.append(f"{spec.path} does not exist")
+        machine = machine_for(spec.host)
+        machine.check()  # a machine that cannot be reached is that, not a failed check
+        where = machine.where
+        names = [spec.env] if isinstance(spec.env, str) else (spec.env or [])
+        programs = [spec.program] if isinstance(spec.program, str) else (spec.program or [])
+        query = FactQuery(
+            paths=[spec.path] if spec.path is not None else [],
+            kernel=spec.kernel is not None,
+            contains=[(spec.file, spec.contains)] if spec.file is not None and spec.contains is not None else [],
+            env=list(names),
+            programs=list(programs),
+            sysctl=list(spec.sysctl or {}),
+        )
+        found = machine.facts(ctx, query)
+        failures = [f"{path} does not exist{where}" for path in found.missing_paths]
         if spec.kernel is not None:
-            release = platform.release()
             try:
-                if version_tuple(release) < version_tuple(spec.kernel):
-                    failures.append(f"kernel {release} is older than {spec.kernel}")
+                if version_tuple(found.kernel) < version_tuple(spec.kernel):
+                    failures.append(f"kernel {found.kernel} is older than {spec.kernel}{where}")
             except ValueError as exc:
                 failures.append(str(exc))
-        if spec.file is not None and spec.contains is not None:
-            target = ctx.resolve(spec.file)
-            try:
-                with open(target, encoding="utf-8", errors="replace") as fh:
-                    text = fh.read()
-            except OSError as exc:
-                failures.append(f"cannot read {spec.file}: {exc.strerror}")
-            else:
-                if spec.contains not in text:
-                    failures.append(f"{spec.file} does not contain {spec.contains!r}")
-        if spec.env is not None:
-            names = [spec.env] if isinstance(spec.env, str) else spec.env
-            for name in names:
-                if not ctx.env.get(name):
-                    failures.append(f"variable {name} is not set")
-        if spec.program is not None:
-            for program in [spec.program] if isinstance(spec.program, str) else spec.program:
-                if shutil.which(program, path=ctx.env.get("PATH")) is None:
-                    failures.append(f"{program} is not on PATH")
+        for (file, text), answer in zip(query.contains, found.contains, strict=True):
+            if answer == "absent":
+                failures.append(f"{file} does not contain {text!r}{where}")
+            elif answer.startswith("unreadable:"):
+                why = answer.removeprefix("unreadable:")
+                failures.append(f"cannot read {file}{where}" + (f": {why}" if why else ""))
+        failures += [f"variable {name} is not set{where}" for name in found.unset]
+        failures += [f"{program} is not on PATH{where}" for program in found.not_found]
         for key, lowest in (spec.sysctl or {}).items():
-            failures.extend(_sysctl_failure(key, lowest))
+            failures.extend(_sysctl_failure(key, lowest, found.sysctl.get(key), where))
         if spec.that is not None:
             word = str(spec.that).strip().lower()
             if word in FALSE_WORDS:
@@ -153,92 +148,14 @@ class AssertStep(StepKind[AssertSpec]):
             elif word not in TRUE_WORDS:
                 failures.append(f"condition is neither true nor false: {spec.that!r}")
         if spec.command is not None and run_commands:
-            argv = argv_of(spec.command)
             try:
-                result = run_process(argv, ctx, cwd=ctx.pipeline_dir, env=ctx.env)
+                result = machine.run(ctx, spec.command)
             except StepError as exc:
                 failures.append(exc.message)
             else:
                 if result.returncode != 0:
                     shown = spec.command if isinstance(spec.command, str) else shlex.join(spec.command)
-                    failures.append(f"`{shown}` exited with code {result.returncode}")
-        return failures
-
-    def _remote_failures(self, ctx: StepContext, host: str, run_commands: bool) -> list[str]:
-        """The same checks on `host`: its files, kernel, PATH, /proc/sys and the variables a command there gets,
-        read by one script (one round trip); then the command, if any and if asked."""
-        spec = self.spec
-        q = remote.ssh.quote
-        lines = [remote.ssh.exports(remote.variables(ctx, {}))]
-        if spec.path is not None:
-            lines.append(f'{remote.any_match(spec.path)} || echo "P"')
-        if spec.kernel is not None:
-            lines.append('echo "K $(uname -r)"')
-        last = ""  # a file's text, for a `contains` of more than one line: read at the end of the output
-        if spec.file is not None and spec.contains is not None:
-            target = remote.glob_word(spec.file) if spec.file.startswith("~") else q(spec.file)
-            if "\n" in spec.contains:
-                last = f"if [ -r {target} ]; then echo B; head -c 16777216 {target}; else echo R; fi"
-            else:
-                grep = f"grep -qF -- {q(spec.contains)} {target}"
-                lines.append(f"if [ -r {target} ]; then {grep} || echo N; else echo R; fi")
-        names = [spec.env] if isinstance(spec.env, str) else (spec.env or [])
-        for index, name in enumerate(names):
-            ok = f'[ -n "${{{name}:-}}" ]' if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else "false"
-            lines.append(f"{ok} || echo E{index}")
-        programs = [spec.program] if isinstance(spec.program, str) else (spec.program or [])
-        for index, program in enumerate(programs):
-            lines.append(f"command -v {q(program)} >/dev/null 2>&1 || echo G{index}")
-        keys = list(spec.sysctl or {})
-        for index, key in enumerate(keys):
-            path = "/proc/sys/" + key.replace(".", "/")
-            lines.append(f'if [ -r {path} ]; then echo "S{index} $(cat {path})"; else echo "S{index} -"; fi')
-        if last:
-            lines.append(last)
-        failures: list[str] = []
-        where = f" on {host}"
-        if len(lines) > 1:
-            code, out = remote.ssh.quick(host, "\n".join(lines) + "\n")
-            body = out.split("B\n", 1)[1] if "B\n" in out else None
-            for line in (out.split("B\n", 1)[0] if body is not None else out).splitlines():
-                tag, _, rest = line.partition(" ")
-                if tag == "P":
-                    failures.append(f"{spec.path} does not exist{where}")
-                elif tag == "K":
-                    try:
-                        if version_tuple(rest) < version_tuple(spec.kernel or "0"):
-                            failures.append(f"kernel {rest} is older than {spec.kernel}{where}")
-                    except ValueError as exc:
-                        failures.append(str(exc))
-                elif tag == "N":
-                    failures.append(f"{spec.file} does not contain {spec.contains!r}{where}")
-                elif tag == "R":
-                    failures.append(f"cannot read {spec.file}{where}")
-                elif tag.startswith("E") and tag[1:].isdigit():
-                    failures.append(f"variable {names[int(tag[1:])]} is not set{where}")
-                elif tag.startswith("G") and tag[1:].isdigit():
-                    failures.append(f"{programs[int(tag[1:])]} is not on PATH{where}")
-                elif tag.startswith("S") and tag[1:].isdigit():
-                    key = keys[int(tag[1:])]
-                    lowest = (spec.sysctl or {})[key]
-                    if rest == "-":
-                        failures.append(f"{key} is not available{where} (is its kernel module loaded?)")
-                    elif not rest.split() or not rest.split()[0].lstrip("-").isdigit():
-                        failures.append(f"{key} is {rest!r}{where}, not a number")
-                    elif int(rest.split()[0]) < lowest:
-                        failures.append(f"{key} is {rest.split()[0]}{where}, below {lowest}")
-            if body is not None and spec.contains is not None and spec.contains not in body:
-                failures.append(f"{spec.file} does not contain {spec.contains!r}{where}")
-        if spec.that is not None:
-            word = str(spec.that).strip().lower()
-            if word in FALSE_WORDS:
-                failures.append(f"condition is false: {spec.that!r}")
-            elif word not in TRUE_WORDS:
-                failures.append(f"condition is neither true nor false: {spec.that!r}")
-        if spec.command is not None and run_commands:
-            result = remote.run(ctx, host, spec.command)
-            if result.returncode != 0:
-                failures.append(f"`{remote.shown(spec.command)}` exited with code {result.returncode}{where}")
+                    failures.append(f"`{shown}` exited with code {result.returncode}{where}")
         return failures
 
     def probe(self, ctx: StepContext) -> Probe:

@@ -479,6 +479,41 @@ def test_plan_and_apply_agree_on_a_failing_remote_check(project: Project, remote
     assert "blocked=1 (after)" in apply.out
 
 
+def test_a_check_written_once_fails_there_in_the_words_it_fails_here(
+    project: Project, remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """The assert kind has one path (steps/_support/machine.py): the same failing checks on node1 and on this
+    machine (the same filesystem, over loopback) give the same failures, each ending "on node1" there."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("first line\nsecond line\n")
+    checks = (
+        f'path: "{tmp_path}/nothing-*", program: [sh, no-such-program-9], kernel: "999.0", '
+        f'sysctl: {{kernel.pid_max: 999999999999}}, env: [NO_SUCH_VARIABLE_9], file: "{notes}", '
+        f'contains: "first line\\nthird line", command: "exit 3"'
+    )
+    project.write(
+        f"""
+        name: once
+        steps:
+          - name: here
+            needs: []
+            assert: {{{checks}}}
+          - name: there
+            needs: []
+            assert: {{host: node1, {checks}}}
+        """
+    )
+    result = project.run("apply", "--keep-going")
+    assert result.code == 1, result.text
+    failures = [line.split("check failed: ", 1)[1] for line in result.out.splitlines() if "check failed: " in line]
+    assert len(failures) == 2, result.out
+    here, there = sorted(failures, key=lambda f: " on node1" in f)
+    assert "no-such-program-9 is not on PATH" in here and "`exit 3` exited with code 3" in here, here
+    assert len(here.split("; ")) == 7, here  # path, program, kernel, sysctl, env, contains, command
+    assert there.count(" on node1") == 7, there
+    assert there.replace(" on node1", "") == here, (here, there)
+
+
 def test_the_multinode_recipe_checks_each_machine_where_it_runs(
     project: Project, remote: dict[str, Any], tmp_path: Path
 ) -> None:

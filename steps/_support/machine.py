@@ -20,11 +20,14 @@ login directory, or from `cwd` for `creates` and `inputs`.
 from __future__ import annotations
 
 import os
+import platform
+import shutil
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from steps._support import remote, ssh
+from steps._support.facts import FactQuery, Facts
 from steps._support.files import content_digest, expand, remove_created
 from steps._support.process import Completed, run_process
 from steps._support.words import argv_of
@@ -53,6 +56,27 @@ class Machine:
         found = {p: [str(x) for x in expand(ctx.resolve(p), ctx)] for p in inputs}
         paths = [ctx.resolve(x) for matches in found.values() for x in matches]
         return missing, {"inputs": found, "input_digests": content_digest(paths, ctx)}
+
+    def facts(self, ctx: StepContext, query: FactQuery) -> Facts:
+        found = Facts()
+        found.missing_paths = [p for p in query.paths if not expand(ctx.resolve(p), ctx)]
+        if query.kernel:
+            found.kernel = platform.release()
+        for file, text in query.contains:
+            try:
+                with open(ctx.resolve(file), encoding="utf-8", errors="replace") as fh:
+                    found.contains.append("" if text in fh.read() else "absent")
+            except OSError as exc:
+                found.contains.append(f"unreadable:{exc.strerror}")
+        found.unset = [name for name in query.env if not ctx.env.get(name)]
+        found.not_found = [p for p in query.programs if shutil.which(p, path=ctx.env.get("PATH")) is None]
+        for key in query.sysctl:
+            try:
+                with open("/proc/sys/" + key.replace(".", "/"), encoding="ascii", errors="replace") as fh:
+                    found.sysctl[key] = fh.read().strip()
+            except OSError:
+                found.sysctl[key] = None
+        return found
 
     def workdir(self, ctx: StepContext, cwd: str | None) -> str:
         """Where a command with this `cwd` runs, as the step's `cwd` output says it."""
@@ -117,6 +141,9 @@ class SshMachine(Machine):
 
     def workdir(self, ctx: StepContext, cwd: str | None) -> str:
         return cwd or "~"
+
+    def facts(self, ctx: StepContext, query: FactQuery) -> Facts:
+        return remote.facts(ctx, self.target, query)
 
     def run(
         self,

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from steps._support import ssh
+from steps._support.facts import FactQuery, Facts
 from steps._support.process import Completed, run_process
 from steps._support.words import argv_of
 from steps.base import StepContext, StepError
@@ -188,4 +189,62 @@ kill -TERM $_found 2>/dev/null; sleep 2; kill -KILL $_found 2>/dev/null; :
         pid, _, command = rest.partition(" ")
         if head == "P" and pid.isdigit():
             found.append((int(pid), command.strip()))
+    return found
+
+
+def facts(ctx: StepContext, target: str, query: FactQuery) -> Facts:
+    """A preflight's facts on the host: its files, kernel, PATH, /proc/sys and the variables a command there gets,
+    read by one script (one round trip); a `contains` of more than one line reads the file at the end."""
+    q = ssh.quote
+    lines = [ssh.exports(variables(ctx, {}))]
+    for index, pattern in enumerate(query.paths):
+        lines.append(f'{any_match(pattern)} || echo "P{index}"')
+    if query.kernel:
+        lines.append('echo "K $(uname -r)"')
+    last = ""  # one file's text, for a `contains` of more than one line (at most one such check)
+    multi: int | None = None
+    for index, (file, text) in enumerate(query.contains):
+        where = glob_word(file) if file.startswith("~") else q(file)
+        if "\n" in text and multi is None:
+            multi = index
+            last = f"if [ -r {where} ]; then echo B; head -c 16777216 {where}; else echo R{index}; fi"
+        else:
+            grep = f"grep -qF -- {q(text)} {where}"
+            lines.append(f"if [ -r {where} ]; then {grep} || echo N{index}; else echo R{index}; fi")
+    for index, name in enumerate(query.env):
+        ok = f'[ -n "${{{name}:-}}" ]' if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name) else "false"
+        lines.append(f"{ok} || echo E{index}")
+    for index, program in enumerate(query.programs):
+        lines.append(f"command -v {q(program)} >/dev/null 2>&1 || echo G{index}")
+    for index, key in enumerate(query.sysctl):
+        path = "/proc/sys/" + key.replace(".", "/")
+        lines.append(f'if [ -r {path} ]; then echo "S{index} $(cat {path})"; else echo "S{index} -"; fi')
+    if last:
+        lines.append(last)
+    found = Facts(contains=["" for _ in query.contains], sysctl={k: None for k in query.sysctl})
+    if len(lines) == 1:
+        return found
+    _, out = ssh.quick(target, "\n".join(lines) + "\n")
+    head, marker, body = out.partition("B\n")
+    for line in (head if marker else out).splitlines():
+        tag, _, rest = line.partition(" ")
+        kind, number = tag[:1], tag[1:]
+        if kind == "K" and not number:
+            found.kernel = rest.strip()
+        elif not number.isdigit():
+            continue
+        elif kind == "P":
+            found.missing_paths.append(query.paths[int(number)])
+        elif kind == "N":
+            found.contains[int(number)] = "absent"
+        elif kind == "R":
+            found.contains[int(number)] = "unreadable:"
+        elif kind == "E":
+            found.unset.append(query.env[int(number)])
+        elif kind == "G":
+            found.not_found.append(query.programs[int(number)])
+        elif kind == "S":
+            found.sysctl[query.sysctl[int(number)]] = None if rest == "-" else rest.strip()
+    if marker and multi is not None and query.contains[multi][1] not in body:
+        found.contains[multi] = "absent"
     return found

@@ -1,0 +1,29 @@
+"""What a preflight asks of a machine and what it answers (steps/_support/machine.py reads them here, and
+remote.py there, in one round trip)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class FactQuery:
+    """What a preflight asks of a machine, all answered at once (on another machine, in one round trip)."""
+
+    paths: list[str] = field(default_factory=list)  # patterns that must name something
+    kernel: bool = False
+    contains: list[tuple[str, str]] = field(default_factory=list)  # (file, text)
+    env: list[str] = field(default_factory=list)  # variables a command there gets
+    programs: list[str] = field(default_factory=list)
+    sysctl: list[str] = field(default_factory=list)  # kernel parameters, dotted
+
+
+@dataclass
+class Facts:
+    missing_paths: list[str] = field(default_factory=list)
+    kernel: str = ""
+    # per (file, text) asked: "" it holds the text, "absent" it does not, else "unreadable" and why after a colon
+    contains: list[str] = field(default_factory=list)
+    unset: list[str] = field(default_factory=list)
+    not_found: list[str] = field(default_factory=list)
+    sysctl: dict[str, str | None] = field(default_factory=dict)  # key -> its text, None when not there
