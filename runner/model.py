@@ -62,7 +62,12 @@ class StepCommon(BaseModel):
     )
     retries: int = Field(0, ge=0, le=100, description="How often to retry a failed step.")
     retry_delay: float = Field(2.0, ge=0, le=3600, description="Seconds between retries.")
-    timeout: float | None = Field(None, gt=0, description="Seconds the step may take before it is stopped.")
+    timeout: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds an attempt of the step may take: past it the step is cancelled, what it "
+        "started is stopped (TERM, then KILL) and the attempt fails as timed out, whatever its kind.",
+    )
     for_each: str | list[Any] | None = Field(
         None,
         description="Repeat the step for each item of this list (or a template that renders one, or a "
