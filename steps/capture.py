@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from steps._support import remote
-from steps._support.process import run_process
+from steps._support.machine import machine_for
 from steps._support.words import argv_of
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
@@ -87,50 +87,38 @@ class CaptureStep(StepKind[CaptureSpec]):
         return Probe.ok()
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
+        """On the step's machine (this one, or `host`'s over ssh), or through a Docker Engine into `container`."""
         spec = self.spec
         argv = argv_of(spec.command)
         shown = spec.command if isinstance(spec.command, str) else " ".join(spec.command)
-        if spec.host and not (spec.container and _engine_url(spec.host)):
-            code, out = self._remote(ctx, spec.host, argv)
-        elif spec.container:
+        engine = bool(spec.host and _engine_url(spec.host))
+        machine = machine_for(None if engine else spec.host)
+        if spec.container and machine.host is None:
             code, out = self._exec(ctx, argv)
         else:
-            quiet = ctx if not spec.secret else _quiet(ctx)
-            cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
-            result = run_process(argv, quiet, cwd=cwd, env={**ctx.env, **spec.env})
+            command, cwd = self._command(argv) if spec.container else (spec.command, spec.cwd)
+            result = machine.run(ctx, command, cwd=cwd, env=spec.env, quiet=spec.secret)
             code, out = result.returncode, result.stdout
         value = out.strip()
         if code != 0:
             tail = "" if spec.secret else ctx.mask(value[-2000:])
-            where = f" in container {spec.container}" if spec.container else ""
-            where += f" on {remote.ssh.display(spec.host)}" if spec.host and not _engine_url(spec.host) else ""
-            if code == 127:
-                raise StepError(
-                    f"command exited with code {code}{where}: {shown}",
-                    hint=remote.ssh.missing_command_hint(spec.host) if spec.host else "",
-                    output_tail=tail,
-                )
-            raise StepError(f"command exited with code {code}{where}: {shown}", output_tail=tail)
+            where = (f" in container {spec.container}" if spec.container else "") + machine.where
+            hint = remote.ssh.missing_command_hint(machine.host) if code == 127 and machine.host else ""
+            raise StepError(f"command exited with code {code}{where}: {shown}", hint=hint, output_tail=tail)
         if not value and not spec.allow_empty:
             raise StepError(f"the command printed nothing: {shown}", hint="set `allow_empty: true` if that is fine")
         return {"value": value}
 
-    def _remote(self, ctx: StepContext, host: str, argv: list[str]) -> tuple[int, str]:
-        """On `host` over ssh: the command, or `docker exec` into `container` there; the step's `env` reaches
-        docker exec by name (`-e NAME`, its value exported on stdin), never on a command line."""
+    def _command(self, argv: list[str]) -> tuple[list[str], None]:
+        """`docker exec` into `container` on the step's host; the step's `env` reaches it by name (`-e NAME`, its
+        value exported on stdin), never on a command line."""
         spec = self.spec
-        command: str | list[str] = spec.command
-        cwd = spec.cwd
-        if spec.container:
-            words = ["docker", "exec"]
-            if spec.cwd:
-                words += ["-w", spec.cwd]
-            for name in spec.env:
-                words += ["-e", name]
-            command = [*words, spec.container, *argv]
-            cwd = None
-        result = remote.run(ctx, host, command, cwd=cwd, env=spec.env, quiet=spec.secret)
-        return result.returncode, result.stdout
+        words = ["docker", "exec"]
+        if spec.cwd:
+            words += ["-w", spec.cwd]
+        for name in spec.env:
+            words += ["-e", name]
+        return [*words, str(spec.container), *argv], None
 
     def _exec(self, ctx: StepContext, argv: list[str]) -> tuple[int, str]:
         from steps._support.docker_engine import api_error_text, connect, sdk
@@ -160,10 +148,3 @@ class CaptureStep(StepKind[CaptureSpec]):
 def _engine_url(host: str) -> bool:
     """A Docker Engine address, not an ssh destination: `container` then goes through the docker SDK."""
     return host.startswith(("unix://", "tcp://", "ssh://", "http://", "https://", "npipe://", "fd://"))
-
-
-def _quiet(ctx: StepContext) -> StepContext:
-    """A context whose process output goes nowhere: a secret never reaches the log."""
-    from dataclasses import replace
-
-    return replace(ctx, log_path=None, on_output=lambda line: None)

@@ -24,6 +24,7 @@ import platform
 import shutil
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from steps._support import remote, ssh
@@ -91,11 +92,15 @@ class Machine:
         env: Mapping[str, str] | None = None,
         stop_signal: str = "TERM",
         grace: float = 3.0,
+        quiet: bool = False,
     ) -> Completed:
+        """`quiet`: its output goes to no log and no screen (a secret being read)."""
         where = ctx.resolve(cwd) if cwd else ctx.pipeline_dir
         full = {**ctx.env, **(env or {})}
         if "PWD" in full:
             full["PWD"] = str(where)
+        if quiet:
+            ctx = replace(ctx, log_path=None, on_output=lambda line: None)
         return run_process(argv_of(command), ctx, cwd=where, env=full)
 
     def failure(self, code: int, command: str | list[str], tail: Sequence[str], what: str = "command") -> StepError:
@@ -154,8 +159,11 @@ class SshMachine(Machine):
         env: Mapping[str, str] | None = None,
         stop_signal: str = "TERM",
         grace: float = 3.0,
+        quiet: bool = False,
     ) -> Completed:
-        return remote.run(ctx, self.target, command, cwd=cwd, env=env, stop_signal=stop_signal, grace=grace)
+        return remote.run(
+            ctx, self.target, command, cwd=cwd, env=env, stop_signal=stop_signal, grace=grace, quiet=quiet
+        )
 
     def failure(self, code: int, command: str | list[str], tail: Sequence[str], what: str = "command") -> StepError:
         return remote.failure(self.target, code, command, tail, what=what)
