@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from converged import generated  # bench/ is on the path when this runs as a script
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
@@ -48,18 +50,6 @@ def free_port() -> str:
         return str(s.getsockname()[1])
 
 
-def generated(where: Path, count: int) -> Path:
-    shutil.rmtree(where, ignore_errors=True)
-    where.mkdir(parents=True)
-    lines = ["name: generated", "steps:"]
-    for i in range(count):
-        needs = "[]" if i % 10 == 0 else f"[s{i - 1}]"
-        lines += [f"  - name: s{i}", f"    needs: {needs}", f'    run: {{command: ["true"], creates: [{i}.out]}}']
-        (where / f"{i}.out").write_text("")
-    (where / "pipeline.yaml").write_text("\n".join(lines) + "\n")
-    return where
-
-
 class Side:
     def __init__(self, label: str, tree: Path, work: Path) -> None:
         self.label = label
@@ -75,7 +65,7 @@ class Side:
             ignore=shutil.ignore_patterns(".work", ".runner", "__pycache__"),
         )
         self.port = ["--var", f"port={free_port()}"]
-        self.big = generated(work / label / "gen-1000", 1000)
+        self.big = generated(work / label, 1000)  # bench/converged.py's pipeline, in work/label/gen-1000
 
     def runner(self, *args: str) -> list[str]:
         return [PY, "-m", "runner", *args]
