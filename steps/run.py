@@ -94,20 +94,11 @@ class RunStep(StepKind[RunSpec]):
     def probe(self, ctx: StepContext) -> Probe:
         if not self.spec.creates:
             return Probe.ok()
-        machine = self.machine()
-        if machine.host is None:  # creates only: the inputs' digests are the fingerprint's, asked apart
-            missing, _ = machine.look(ctx, self.spec.cwd, self.spec.creates, [])
-        else:
-            missing, _ = self._look(ctx)
-        return Probe.missing(f"{missing} does not exist{machine.where}") if missing else Probe.ok()
+        missing, _ = self._look(ctx)
+        return Probe.missing(f"{missing} does not exist{self.machine().where}") if missing else Probe.ok()
 
     def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
-        if not self.spec.inputs:
-            return {}
-        machine = self.machine()
-        if machine.host is None:
-            return machine.look(ctx, self.spec.cwd, [], self.spec.inputs)[1]
-        return self._look(ctx)[1]
+        return self._look(ctx)[1] if self.spec.inputs else {}
 
     def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
         if not purge or not self.spec.creates:
