@@ -99,6 +99,10 @@ def generate() -> str:
             extra.append(
                 "cosmetic (not in the fingerprint): " + ", ".join(f"`{f}`" for f in sorted(cls.cosmetic_fields))
             )
+        if cls.on_machine:
+            extra.append("on the step's machine: this one, or the one its `host:` names")
+        else:
+            extra.append("on this machine only (a `host:` on it is an error)")
         if not cls.changes_system:
             extra.append("a check: a passing run reports `ok`, not `changed`")
         if extra:

@@ -280,6 +280,7 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
 
     steps: list[StepDecl] = []
     seen: dict[str, int] = {}
+    notes: list[str] = []  # what `runner validate` says besides "ok": an older spelling read
     kinds = list(KINDS)
     for index, step_raw in enumerate(steps_raw):
         where: Path_ = ("steps", index)
@@ -307,14 +308,53 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
             )
         kind = present[0]
         common_raw = {k: v for k, v in step_raw.items() if k != kind}
+        spec_raw = step_raw[kind]
+        cls = kind_class(kind)
+        host_at: Path_ = (*where, "host") if "host" in step_raw else ()
+        if not cls.on_machine and "host" in step_raw:
+            raise data.error(
+                (*where, "host"),
+                f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} step works on this machine only, so it takes no `host`",
+                key=True,
+                field=f"{label}.host",
+            )
+        if cls.on_machine and isinstance(spec_raw, dict) and "host" in spec_raw and "host" not in cls.Spec.model_fields:
+            # the older spelling, `run: {host: ...}`, read as the step's own `host:` (docs/steps.md says the one)
+            if "host" in step_raw:
+                raise data.error(
+                    (*where, kind, "host"),
+                    f"`host` is given twice, on the step and inside `{kind}:`: keep the step's",
+                    key=True,
+                    field=f"{label}.{kind}.host",
+                )
+            host_at = (*where, kind, "host")
+            moved = spec_raw["host"]
+            if moved is not None and not isinstance(moved, str):
+                raise data.error(host_at, f"expected an ssh destination, got {_describe(moved)}", field=label + ".host")
+            try:
+                from steps._support.ssh import check_target
+
+                check_target(moved)
+            except ValueError as exc:
+                raise data.error(host_at, str(exc), field=f"{label}.{kind}.host") from None
+            common_raw["host"] = moved
+            spec_raw = {k: v for k, v in spec_raw.items() if k != "host"}
+            notes.append(
+                f"{label}: `{kind}.host` is written on the step now (`host:` beside `name:`); this spelling still works"
+            )
+        elif "host" in step_raw and isinstance(spec_raw, dict) and spec_raw.get("host") is not None:
+            raise data.error(
+                (*where, "host"),
+                f"the step's `host` is the machine and `{kind}.host` that machine's Docker Engine address: give one",
+                key=True,
+                field=f"{label}.host",
+            )
         try:
             common = StepCommon.model_validate(common_raw)
         except ValidationError as exc:
             err = validation_errors(exc, where, StepCommon, data, common_raw)[0]
             err.field = label + ("." + err.field.split(".", 1)[1] if err.field and "." in err.field else "")
             raise err from None
-        spec_raw = step_raw[kind]
-        cls = kind_class(kind)
         if common.for_each is not None and cls.exports_env:
             raise data.error(
                 (*where, "for_each"),
@@ -322,8 +362,9 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
                 field=f"{label}.for_each",
                 key=True,
             )
+        host_now = common.host if common.host and "{{" not in common.host and "{%" not in common.host else None
         try:
-            cls.Spec.model_validate(spec_raw)
+            cls.Spec.model_validate(spec_raw, context={"host": host_now})
         except ValidationError as exc:
             errs = validation_errors(exc, (*where, kind), cls.Spec, data, spec_raw, skip_templates=True)
             if errs:
@@ -346,7 +387,8 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
                 common=common,
                 raw=spec_raw,
                 declares_needs="needs" in step_raw,
-                exports_env=kind_class(kind).exports_env,
+                exports_env=cls.exports_env,
+                host_at=host_at,
             )
         )
 
@@ -404,5 +446,6 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
         marks=data,
         graph=graph,
         by_name={s.name: s for s in complete},
+        notes=tuple(notes),
     )
     return pipeline

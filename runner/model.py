@@ -68,6 +68,14 @@ class StepCommon(BaseModel):
         description="Seconds an attempt of the step may take: past it the step is cancelled, what it "
         "started is stopped (TERM, then KILL) and the attempt fails as timed out, whatever its kind.",
     )
+    host: str | None = Field(
+        None,
+        description="The machine the step works on, over ssh: a ~/.ssh/config alias, user@host or "
+        "ssh://user@host:port (a template: `{{ item }}` with for_each covers a fleet). Relative paths are then that "
+        "machine's, from the login directory (or `cwd`); exported variables go along on stdin, never on a command "
+        "line; a docker step uses that machine's engine. Default: this machine. Every kind that works on a machine "
+        "takes it; env, secret and e2b steps work here only.",
+    )
     for_each: str | list[Any] | None = Field(
         None,
         description="Repeat the step for each item of this list (or a template that renders one, or a "
@@ -79,6 +87,13 @@ class StepCommon(BaseModel):
     @classmethod
     def _one_or_many(cls, value: Any) -> Any:
         return [value] if isinstance(value, str) else value
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, value: str | None) -> str | None:
+        from steps._support.ssh import check_target  # ssh's spelling of a destination, a template checked rendered
+
+        return check_target(value)
 
 
 # Known when the file declares `needs:` at all (an empty list makes the step independent).
@@ -98,6 +113,8 @@ class StepDecl:
     declares_needs: bool = False
     refs: frozenset[str] = frozenset()  # steps its templates reference
     exports_env: bool = False  # its kind exports variables to every later step (the contract's exports_env)
+    # where its `host` is written: on the step, or (the older spelling, still read) inside its kind's mapping
+    host_at: tuple[str | int, ...] = ()
 
 
 DEFAULT_FILES = ("pipeline.yaml", "pipeline.yml")
@@ -132,6 +149,7 @@ class Pipeline:
     graph: Graph
     by_name: dict[str, StepDecl] = field(default_factory=dict, compare=False)
     not_secret: frozenset[str] = frozenset()
+    notes: tuple[str, ...] = ()  # an older spelling read as today's (validate says each)
 
     @functools.cached_property
     def dir(self) -> Path:

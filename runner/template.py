@@ -165,6 +165,8 @@ def check_templates(
                 sources.append((path, text, text))
         if isinstance(step.common.when, str):
             sources.append((("steps", step.index, "when"), step.common.when, when_source(step.common.when)))
+        if step.common.host and is_template(step.common.host):
+            sources.append((step.host_at, step.common.host, step.common.host))
         if step.common.hint and is_template(step.common.hint):
             sources.append((("steps", step.index, "hint"), step.common.hint, step.common.hint))
         loop = step.common.for_each

@@ -23,7 +23,6 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from steps._support import remote
 from steps._support.facts import FactQuery
 from steps._support.machine import machine_for
 from steps._support.words import FALSE_WORDS, TRUE_WORDS, is_template
@@ -54,16 +53,6 @@ class AssertSpec(SpecModel):
     )
     that: str | bool | None = Field(None, description="A condition (usually a template) that must be true.")
     message: str | None = Field(None, description="The message shown when a check fails: say how to fix it.")
-    host: str | None = Field(
-        None,
-        description="Check that machine instead, over ssh (a ~/.ssh/config alias, user@host or ssh://user@host:port): "
-        "every check but `that` runs there, in one round trip.",
-    )
-
-    @field_validator("host")
-    @classmethod
-    def _host(cls, value: str | None) -> str | None:
-        return remote.check_host(value)
 
     @field_validator("kernel")
     @classmethod
@@ -102,15 +91,13 @@ class AssertStep(StepKind[AssertSpec]):
     outputs = frozenset({"passed"})
     cosmetic_fields = frozenset({"message"})
     changes_system = False
-
-    def remote_host(self) -> str | None:
-        return self.spec.host
+    on_machine = True  # every check but `that` runs on the step's machine, the reads in one round trip
 
     def _failures(self, ctx: StepContext, run_commands: bool) -> list[str]:
         """Every check that does not hold, in words, on the step's machine (this one, or `host`'s: every check
         but `that` runs there, the reads in one round trip, then the command)."""
         spec = self.spec
-        machine = machine_for(spec.host)
+        machine = machine_for(ctx.host)
         machine.check()  # a machine that cannot be reached is that, not a failed check
         where = machine.where
         names = [spec.env] if isinstance(spec.env, str) else (spec.env or [])

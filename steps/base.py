@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationInfo
 
 from runner.causes import Change as Change  # what a probe and describe_changes report
 
@@ -63,6 +63,14 @@ def _no_nul(value: str | list[str]) -> str | list[str]:
 
 # A command: a string runs under `sh -c`; a list is the argv itself, its numbers and booleans taken as words.
 Command = Annotated[str | list[str], BeforeValidator(_argv_words), AfterValidator(_no_nul)]
+
+
+def machine_named(info: ValidationInfo) -> str | None:
+    """In a spec's validator: the step's `host:` (the engine validates a spec with it as the context), or None for
+    this machine (and at load while it is a template: checked again once rendered)."""
+    context = info.context
+    host = context.get("host") if isinstance(context, dict) else None
+    return host if isinstance(host, str) and host else None
 
 
 class SpecModel(BaseModel):
@@ -165,6 +173,9 @@ class StepContext:
     # "" outside an apply
     process_tag: str = ""
     forced: bool = False  # named by `apply --force`: replace what is there even if runner did not make it
+    # the machine the step works on: the step's `host:` rendered (an ssh destination), None for this one; a kind
+    # reaches it through steps._support.machine.machine_for(ctx.host)
+    host: str | None = None
 
     def resolve(self, path: str) -> Path:
         """A path relative to the pipeline file's directory (absolute paths stay as they are)."""
@@ -193,6 +204,9 @@ class StepKind(Generic[SpecT]):
     local_probe: ClassVar[bool] = False
     # The outputs `{{ steps.NAME.x }}` may name, checked at load time; None: not fixed (an env step's).
     outputs: ClassVar[frozenset[str] | None] = None
+    # Written against the step's machine (ctx.host), so `host:` may name another; False: this machine only (an env
+    # step's variables, a secret's prompt, an API call), and a `host:` on it is an error at load.
+    on_machine: ClassVar[bool] = False
 
     def __init__(self, spec: SpecT) -> None:
         self.spec: SpecT = spec
@@ -261,11 +275,11 @@ class StepKind(Generic[SpecT]):
         """A log that lives elsewhere (a Ray job's, on its cluster): chunks of text, or None for none."""
         return None
 
-    def remote_host(self) -> str | None:
+    def remote_host(self, ctx: StepContext) -> str | None:
         """The machine (an ssh destination) this step works on over ssh, or None for this one: `plan` says a
         machine it cannot reach would fail, and what a failed or crashed run of it left running there is swept
-        there (steps/_support/remote.py)."""
-        return None
+        there. The step's `host:`; a kind that reaches a machine some other way too says so (docker's engine)."""
+        return ctx.host
 
     def log_file(self, ctx: StepContext) -> Path | None:
         """Where the output of what this step started goes, when not in the run's step log (`runner logs`)."""

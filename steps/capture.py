@@ -62,8 +62,9 @@ class CaptureStep(StepKind[CaptureSpec]):
     kind = "capture"
     Spec = CaptureSpec
     outputs = frozenset({"value"})
+    on_machine = True  # the step's `host:` is read as `capture.host` (a machine, or that machine's engine)
 
-    def remote_host(self) -> str | None:
+    def remote_host(self, ctx: StepContext) -> str | None:
         host = self.spec.host
         if host and self.spec.container and _engine_url(host):
             return host if host.startswith("ssh://") else None  # an engine: over ssh, that machine's

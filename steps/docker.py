@@ -226,11 +226,11 @@ class DockerStep(StepKind[DockerSpec]):
     Spec = DockerSpec
     outputs = frozenset({"container_id", "name", "image_id", "ports", "host", "hostname", "adopted"})
     cosmetic_fields = frozenset({"stop_timeout"})
+    on_machine = True  # the step's `host:` is read as `docker.host`: that machine's engine, over ssh
 
-    def remote_host(self) -> str | None:
+    def remote_host(self, ctx: StepContext) -> str | None:
         """An ssh:// engine's machine: plan says it cannot be reached, as for every step there."""
-        host = self.spec.host
-        return host if host and host.startswith("ssh://") else None
+        return self.spec.host if (self.spec.host or "").startswith("ssh://") else None
 
     # ---- the config that needs a recreate ----------------------------------------------------------------
 

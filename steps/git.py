@@ -15,7 +15,8 @@ that counts as done. The probe reads `.git` in-process (no git process, no netwo
 HEAD is the recorded commit of the ref. A branch follows its remote only with `update: true` (then each apply
 asks the remote). A working tree with changes to tracked files is never checked out over unless
 `force: true`. Network failures are retried with backoff, then reported with git's own message.
-Outputs: `commit`, `path`, `branch` (empty when detached).
+Outputs: `commit`, `path`, `branch` (empty when detached). With the step's `host:` the clone is made there, by
+that machine's git: `dest` is a path there (relative: from the login directory) and `url` one it reaches.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, model_validator
 
-from steps._support import faults, remote
+from steps._support import faults
 from steps._support.gitdir import NETWORK_ERRORS, git_dir, head, origin_url, same_url
 from steps._support.process import run_process
 from steps._support.supervise import start_time
-from steps.base import Change, Probe, SpecModel, StepContext, StepError, StepKind
+from steps.base import Change, Probe, SpecModel, StepContext, StepError, StepKind, machine_named
 
 HEX = re.compile(r"^[0-9a-f]{7,40}$")
 
@@ -54,20 +55,10 @@ class GitSpec(SpecModel):
     update: bool = Field(False, description="A branch follows its remote on every apply (asks the remote each time).")
     force: bool = Field(False, description="Check out over local changes to tracked files, and fix a wrong origin.")
     attempts: int = Field(3, ge=1, le=10, description="Tries for each network operation, with backoff between.")
-    host: str | None = Field(
-        None,
-        description="Clone on that machine over ssh, with its git (a ~/.ssh/config alias, user@host or "
-        "ssh://user@host:port): `dest` is a path there (relative: from the login directory) and `url` one it reaches.",
-    )
-
-    @field_validator("host")
-    @classmethod
-    def _host(cls, value: str | None) -> str | None:
-        return remote.check_host(value)
 
     @model_validator(mode="after")
-    def _url_there(self) -> GitSpec:
-        if self.host and self.url.startswith(("./", "../")):
+    def _url_there(self, info: ValidationInfo) -> GitSpec:
+        if machine_named(info) and self.url.startswith(("./", "../")):
             raise ValueError(
                 f"url {self.url!r} is a path beside the pipeline file, on this machine: with `host`, give a url "
                 "that machine reaches (https://, ssh, or a path there)"
@@ -85,6 +76,7 @@ def _is_network(exc: BaseException) -> bool:
 
 class GitStep(StepKind[GitSpec]):
     local_probe = True
+    on_machine = True  # with the step's `host:`, cloned there by that machine's git: `dest` and `url` as it sees them
     kind = "git"
     Spec = GitSpec
     outputs = frozenset({"commit", "path", "branch", "host"})
@@ -92,21 +84,17 @@ class GitStep(StepKind[GitSpec]):
 
     # ---- probe: file reads only --------------------------------------------------------------------------
 
-    def remote_host(self) -> str | None:
-        return self.spec.host
-
-    @property
-    def away(self) -> Any:
-        """The clone on another machine (`host`), or None."""
-        if not self.spec.host:
+    def away(self, ctx: StepContext) -> Any:
+        """The clone on another machine (the step's `host`), or None."""
+        if not ctx.host:
             return None
         from steps._support.remote_git import RemoteGit
 
-        return RemoteGit(self)
+        return RemoteGit(self, ctx.host)
 
     def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[Change]) -> list[Change]:
         spec = self.spec
-        if spec.host:
+        if ctx.host:
             return changes
         old_ref = old_spec.get("ref")
         if old_ref == spec.ref:
@@ -128,8 +116,8 @@ class GitStep(StepKind[GitSpec]):
         return os.fspath(ctx.resolve(url)) if url.startswith(("./", "../")) else url
 
     def probe(self, ctx: StepContext) -> Probe:
-        if self.away:
-            return self.away.probe(ctx)
+        if self.away(ctx):
+            return self.away(ctx).probe(ctx)
         spec = self.spec
         dest = ctx.resolve(spec.dest)
         gitdir = git_dir(dest)
@@ -183,8 +171,8 @@ class GitStep(StepKind[GitSpec]):
         """With --purge: the clone, if it is a clone of this step's url (a directory of someone else's stays)."""
         if not purge:
             return None
-        if self.away:
-            return self.away.teardown(ctx, dry_run)
+        if self.away(ctx):
+            return self.away(ctx).teardown(ctx, dry_run)
         dest = ctx.resolve(self.spec.dest)
         gitdir = git_dir(dest) if dest.is_dir() and not dest.is_symlink() else None
         if gitdir is None:
@@ -197,8 +185,8 @@ class GitStep(StepKind[GitSpec]):
         return f"removed the clone {dest}"
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        if self.away:
-            return self.away.apply(ctx)
+        if self.away(ctx):
+            return self.away(ctx).apply(ctx)
         spec = self.spec
         dest = ctx.resolve(spec.dest)
         if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):

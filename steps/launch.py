@@ -15,7 +15,9 @@ status in `.runner/jobs/<step>.json`. On the next apply: a live job with the sam
 one that exited 0 is done; one that failed or vanished is launched again; a spec or upstream change while it
 runs is reported as "restart pending" and carried out only with `apply --force STEP` — a multi-day training
 run is never killed silently. A job stopped with `runner stop STEP` stays stopped until forced.
-`runner logs STEP [-f]` shows its log.
+`runner logs STEP [-f]` shows its log. With the step's `host:` the job runs there, as upstream's multi-node
+scripts run the launcher on the Ray head; detached, its state is read there in one round trip, `runner stop` and
+`runner logs -f` reach it over ssh, and `log` and `creates` are paths there.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from steps._support import remote
 from steps._support.files import check_patterns, expand, remove_created
@@ -40,7 +42,7 @@ from steps._support.process import run_process
 from steps._support.ray_jobs import RayJob, RaySpec
 from steps._support.supervise import TOKEN_VARIABLE, carries, start_time, write
 from steps._support.words import argv_of
-from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
+from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping, machine_named
 
 if TYPE_CHECKING:
     from steps._support.remote_job import RemoteJob
@@ -61,13 +63,6 @@ class LaunchSpec(SpecModel):
         default_factory=list,
         description="Paths or globs the job makes: a finished job counts as done only while they exist.",
     )
-    host: str | None = Field(
-        None,
-        description="Run the job on that machine over ssh (a ~/.ssh/config alias, user@host or "
-        "ssh://user@host:port), as upstream's multi-node scripts run the launcher on the Ray head. Detached, its "
-        "state is read there in one round trip, `runner stop` and `runner logs -f` reach it over ssh, and `log` and "
-        "`creates` are paths there.",
-    )
     ray: RaySpec | None = Field(
         None,
         description="Submit the job to an existing Ray cluster through its Jobs API instead of running it here "
@@ -79,14 +74,9 @@ class LaunchSpec(SpecModel):
     def _env_strings(cls, value: Any) -> Any:
         return env_mapping(value)
 
-    @field_validator("host")
-    @classmethod
-    def _host(cls, value: str | None) -> str | None:
-        return remote.check_host(value)
-
     @model_validator(mode="after")
-    def _one_place(self) -> LaunchSpec:
-        if self.host is not None and self.ray is not None:
+    def _one_place(self, info: ValidationInfo) -> LaunchSpec:
+        if machine_named(info) and self.ray is not None:
             raise ValueError("give `host` (run it there over ssh) or `ray` (submit it to a cluster), not both")
         return self
 
@@ -148,14 +138,15 @@ def _when(ts: Any) -> str:
 
 class LaunchStep(StepKind[LaunchSpec]):
     kind = "launch"
+    on_machine = True
     Spec = LaunchSpec
     outputs = frozenset(
         {"exit_code", "detached", "pid", "started", "log", "submission_id", "address", "status", "host"}
     )
     cosmetic_fields = frozenset({"stop_signal", "stop_timeout", "log"})
 
-    def remote_host(self) -> str | None:
-        return self.spec.host if not self.spec.detach else None  # a detached job outlives the step on purpose
+    def remote_host(self, ctx: StepContext) -> str | None:
+        return ctx.host if not self.spec.detach else None  # a detached job outlives the step on purpose
 
     def streams_output(self) -> bool:
         return not self.spec.detach and self.spec.ray is None
@@ -166,23 +157,22 @@ class LaunchStep(StepKind[LaunchSpec]):
 
     _remote: RemoteJob | None = None
 
-    @property
-    def away(self) -> RemoteJob | None:
-        """The detached job on another machine (`host` and `detach`), or None."""
-        if self.spec.host is None or not self.spec.detach:
+    def away(self, ctx: StepContext) -> RemoteJob | None:
+        """The detached job on another machine (the step's `host` and `detach`), or None."""
+        if ctx.host is None or not self.spec.detach:
             return None
         if self._remote is None:
             from steps._support.remote_job import RemoteJob
 
-            self._remote = RemoteJob(self)
+            self._remote = RemoteJob(self, ctx.host)
         return self._remote
 
     def preview(self, ctx: StepContext) -> str | None:
         return self.ray.secret_problem(ctx) if self.ray else None
 
     def remote_log(self, ctx: StepContext, follow: bool) -> Iterator[str] | None:
-        if self.away:
-            return self.away.logs(ctx, follow)
+        if (away := self.away(ctx)) is not None:
+            return away.logs(ctx, follow)
         return self.ray.logs(ctx, follow) if self.ray else None
 
     # ---- the job file ---------------------------------------------------------------------------------
@@ -191,7 +181,7 @@ class LaunchStep(StepKind[LaunchSpec]):
         return ctx.state_dir / "jobs" / f"{ctx.name}.json"
 
     def log_file(self, ctx: StepContext) -> Path | None:
-        if not self.spec.detach or self.spec.host:
+        if not self.spec.detach or ctx.host:
             return None
         job = self.job(ctx)
         if job and isinstance(job.get("log"), str):
@@ -220,15 +210,13 @@ class LaunchStep(StepKind[LaunchSpec]):
     def probe(self, ctx: StepContext) -> Probe:
         if self.ray:
             return self.ray.probe(ctx)
-        if self.away:
-            return self.away.probe(ctx)
-        if self.spec.host:
+        if (away := self.away(ctx)) is not None:
+            return away.probe(ctx)
+        if ctx.host:
             if not self.spec.creates:
                 return Probe.ok()
-            missing, _ = remote.observe(self.spec.host, self.spec.cwd, self.spec.creates, [])
-            return (
-                Probe.missing(f"{missing} is missing on {self.spec.host} (the job makes it)") if missing else Probe.ok()
-            )
+            missing, _ = remote.observe(ctx.host, self.spec.cwd, self.spec.creates, [])
+            return Probe.missing(f"{missing} is missing on {ctx.host} (the job makes it)") if missing else Probe.ok()
         if not self.spec.detach:
             missing = self._missing_output(ctx)
             return Probe.missing(f"{missing} is missing (the job makes it)") if missing else Probe.ok()
@@ -262,12 +250,12 @@ class LaunchStep(StepKind[LaunchSpec]):
         if not self.spec.detach:
             return None
         job = self.job(ctx)
-        if job is None or bool(job.get("host")) == bool(self.spec.host):
+        if job is None or bool(job.get("host")) == bool(ctx.host):
             return None  # where the spec says (a host's own changes are RemoteJob's)
         from steps._support.remote_job import RemoteJob
 
         if job.get("host"):
-            return job if "exit_code" not in job and RemoteJob(self).running(job) else None
+            return job if "exit_code" not in job and RemoteJob(self, ctx.host or "").running(job) else None
         return job if _alive(job) else None
 
     def _stop_moved(self, ctx: StepContext, job: dict[str, Any]) -> None:
@@ -276,7 +264,7 @@ class LaunchStep(StepKind[LaunchSpec]):
         if job.get("host"):
             from steps._support.remote_job import RemoteJob
 
-            RemoteJob(self)._signal(ctx, job)
+            RemoteJob(self, ctx.host or "")._signal(ctx, job)
         else:
             self._stop(ctx, job)
         self.job_path(ctx).unlink(missing_ok=True)
@@ -288,8 +276,8 @@ class LaunchStep(StepKind[LaunchSpec]):
         if moved is not None:
             where = moved.get("host") or "this machine"
             return f"the job runs on {where} since {_when(moved.get('started'))}, pid {moved['pid']}"
-        if self.away:
-            return self.away.live_work(ctx)
+        if (away := self.away(ctx)) is not None:
+            return away.live_work(ctx)
         if not self.spec.detach:
             return None
         job = self.job(ctx)
@@ -313,10 +301,10 @@ class LaunchStep(StepKind[LaunchSpec]):
         moved = self._moved(ctx)
         if moved is not None:
             self._stop_moved(ctx, moved)
-        if self.away:
-            return self.away.apply(ctx)
-        if spec.host:
-            return self._remote_foreground(ctx, spec.host)
+        if (away := self.away(ctx)) is not None:
+            return away.apply(ctx)
+        if ctx.host:
+            return self._remote_foreground(ctx, ctx.host)
         cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
         if not cwd.is_dir():
             raise StepError(f"working directory does not exist: {cwd}")
@@ -416,8 +404,8 @@ class LaunchStep(StepKind[LaunchSpec]):
     def stop(self, ctx: StepContext) -> str:
         if self.ray:
             return self.ray.stop(ctx)
-        if self.away:
-            return self.away.stop(ctx)
+        if (away := self.away(ctx)) is not None:
+            return away.stop(ctx)
         if not self.spec.detach:
             raise StepError("a foreground launch stops when its apply stops (Ctrl-C): nothing runs in the background")
         job = self.job(ctx)
@@ -434,8 +422,8 @@ class LaunchStep(StepKind[LaunchSpec]):
 
     def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
         done: list[str] = []
-        if self.away:
-            return self.away.teardown(ctx, dry_run)
+        if (away := self.away(ctx)) is not None:
+            return away.teardown(ctx, dry_run)
         if self.ray:
             if self.ray.live_work(ctx):
                 done.append("would stop the Ray job" if dry_run else self.ray.stop(ctx))

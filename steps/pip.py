@@ -24,7 +24,8 @@ editable install the source path it points at; a verdict of "satisfied" is kept 
 converged probe (nothing changed on the interpreter's path) checks nothing. A converged apply never runs an
 installer, and neither does a first apply that finds everything already satisfied. A requirements file's
 content, and an editable project's pyproject.toml / setup.cfg / setup.py, are part of the fingerprint.
-Outputs: `versions` (name -> version) and `python`.
+Outputs: `versions` (name -> version) and `python`. With the step's `host:` the install is made there, with
+that machine's interpreter and pip: paths are paths there, and the check is one round trip.
 """
 
 from __future__ import annotations
@@ -36,9 +37,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from steps._support import remote
 from steps._support.files import content_digest
 from steps._support.installer import find_uv, pip_settings, uv_arguments
 from steps._support.interpreter import this_python
@@ -58,7 +58,7 @@ from steps._support.python_env import (
     verdict_key,
 )
 from steps._support.words import is_template
-from steps.base import Change, Probe, SpecModel, StepContext, StepError, StepKind
+from steps.base import Change, Probe, SpecModel, StepContext, StepError, StepKind, machine_named
 
 INHERIT_PTH = "_runner_inherit.pth"
 
@@ -88,11 +88,6 @@ class PipSpec(SpecModel):
         description="More arguments for the installer: `pip install`'s (so `installer: auto` then uses pip), or "
         "`uv pip install`'s with `installer: uv`.",
     )
-    host: str | None = Field(
-        None,
-        description="Install on that machine over ssh, with its interpreter and pip (a ~/.ssh/config alias, "
-        "user@host or ssh://user@host:port): paths are paths there. The check is one round trip.",
-    )
     installer: Literal["auto", "uv", "pip"] = Field(
         "auto",
         description="What installs: `auto` uses uv when runner finds it (the `uv` package beside runner, or `uv` on "
@@ -120,24 +115,20 @@ class PipSpec(SpecModel):
                 raise ValueError(f"{item!r} is not a requirement: {exc}") from None
         return value
 
-    @field_validator("host")
-    @classmethod
-    def _host(cls, value: str | None) -> str | None:
-        return remote.check_host(value)
-
     @model_validator(mode="after")
-    def _something(self) -> PipSpec:
+    def _something(self, info: ValidationInfo) -> PipSpec:
         if not (self.packages or self.requirements or self.editable):
             raise ValueError("give at least one of `packages`, `requirements` or `editable`")
-        if self.host and self.inherit_packages:
+        if machine_named(info) and self.inherit_packages:
             raise ValueError("`inherit_packages` is not available with `host` yet: give the venv what it needs")
-        if self.host and self.installer == "uv":
+        if machine_named(info) and self.installer == "uv":
             raise ValueError("`installer: uv` is not available with `host` yet: pip installs there (`auto` or `pip`)")
         return self
 
 
 class PipStep(StepKind[PipSpec]):
     local_probe = True
+    on_machine = True  # with the step's `host:`, that machine's interpreter, its paths and its pip
     kind = "pip"
     Spec = PipSpec
     cosmetic_fields = frozenset({"installer"})
@@ -145,18 +136,14 @@ class PipStep(StepKind[PipSpec]):
 
     _remote: Any = None
 
-    def remote_host(self) -> str | None:
-        return self.spec.host
-
-    @property
-    def away(self) -> Any:
-        """The install on another machine (`host`), or None."""
-        if not self.spec.host:
+    def away(self, ctx: StepContext) -> Any:
+        """The install on another machine (the step's `host`), or None."""
+        if not ctx.host:
             return None
         if self._remote is None:
             from steps._support.remote_pip import RemotePip
 
-            self._remote = RemotePip(self)
+            self._remote = RemotePip(self, ctx.host)
         return self._remote
 
     # ---- where ----------------------------------------------------------------------------------------
@@ -215,8 +202,8 @@ class PipStep(StepKind[PipSpec]):
         return reqs, editables, read
 
     def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
-        if self.away:
-            return self.away.fingerprint_extra(ctx)
+        if self.away(ctx):
+            return self.away(ctx).fingerprint_extra(ctx)
         spec = self.spec
         files = [ctx.resolve(p) for p in spec.requirements + spec.constraints]
         for path in spec.editable:
@@ -259,7 +246,7 @@ class PipStep(StepKind[PipSpec]):
 
     def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[Change]) -> list[Change]:
         """The spec changed: say what that means for this environment (`e2b: 2.63.0 installed, wants <2.51`)."""
-        if self.away:
+        if self.away(ctx):
             return changes
         python = self.target_python(ctx)
         if "/" in python and not Path(python).exists():
@@ -268,8 +255,8 @@ class PipStep(StepKind[PipSpec]):
         return changes + [Change.fact(p) for p in problems or ["(already satisfied: pip will not run)"]]
 
     def probe(self, ctx: StepContext) -> Probe:
-        if self.away:
-            return self.away.probe(ctx)
+        if self.away(ctx):
+            return self.away(ctx).probe(ctx)
         python = self.target_python(ctx)
         if not Path(python).exists() and "/" in python:
             return Probe.missing(f"{python} does not exist" + (" (no venv yet)" if self.spec.venv else ""))
@@ -287,8 +274,8 @@ class PipStep(StepKind[PipSpec]):
         that is not the step's own venv are left alone)."""
         if not purge or not self.spec.venv:
             return None
-        if self.away:
-            return self.away.teardown(ctx, dry_run)
+        if self.away(ctx):
+            return self.away(ctx).teardown(ctx, dry_run)
         venv = ctx.resolve(self.spec.venv)
         if venv.is_symlink() or not (venv / "pyvenv.cfg").is_file():
             return None
@@ -299,8 +286,8 @@ class PipStep(StepKind[PipSpec]):
         return f"removed the venv {venv}"
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        if self.away:
-            return self.away.apply(ctx)
+        if self.away(ctx):
+            return self.away(ctx).apply(ctx)
         spec = self.spec
         made_venv = False
         uv: str | None = None

@@ -17,7 +17,6 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from steps._support import remote
 from steps._support.files import check_patterns
 from steps._support.machine import Machine, machine_for
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
@@ -27,7 +26,6 @@ class RunSpec(SpecModel):
     command: Command = Field(description="The command. A list is argv (no shell); a string runs under `sh -c`.")
     cwd: str | None = Field(None, description="Working directory, relative to the pipeline file.")
     env: dict[str, str] = Field(default_factory=dict, description="Extra environment variables.")
-    host: str | None = Field(None, description=remote.HOST_DESCRIPTION)
     creates: list[str] = Field(
         default_factory=list,
         description="Paths or globs the command creates; the step is not done while one is missing.",
@@ -48,11 +46,6 @@ class RunSpec(SpecModel):
     def _env_strings(cls, value: Any) -> Any:
         return env_mapping(value)
 
-    @field_validator("host")
-    @classmethod
-    def _host(cls, value: str | None) -> str | None:
-        return remote.check_host(value)
-
     @field_validator("creates", "inputs")
     @classmethod
     def _patterns(cls, value: list[str]) -> list[str]:
@@ -72,30 +65,28 @@ class RunStep(StepKind[RunSpec]):
     """Written once against the step's machine (steps/_support/machine.py): this one, or `host`'s."""
 
     local_probe = True
+    on_machine = True
     kind = "run"
     Spec = RunSpec
     outputs = frozenset({"stdout", "rc", "cwd", "host"})
 
     _seen: tuple[str | None, dict[str, Any]] | None = None
 
-    def remote_host(self) -> str | None:
-        return self.spec.host
-
-    def machine(self) -> Machine:
-        return machine_for(self.spec.host)
+    def machine(self, ctx: StepContext) -> Machine:
+        return machine_for(ctx.host)
 
     def _look(self, ctx: StepContext) -> tuple[str | None, dict[str, Any]]:
         """`creates` and `inputs` where the command runs (on a host, one round trip), kept for the probe and the
         fingerprint until apply runs the command."""
         if self._seen is None:
-            self._seen = self.machine().look(ctx, self.spec.cwd, self.spec.creates, self.spec.inputs)
+            self._seen = self.machine(ctx).look(ctx, self.spec.cwd, self.spec.creates, self.spec.inputs)
         return self._seen
 
     def probe(self, ctx: StepContext) -> Probe:
         if not self.spec.creates:
             return Probe.ok()
         missing, _ = self._look(ctx)
-        return Probe.missing(f"{missing} does not exist{self.machine().where}") if missing else Probe.ok()
+        return Probe.missing(f"{missing} does not exist{self.machine(ctx).where}") if missing else Probe.ok()
 
     def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
         return self._look(ctx)[1] if self.spec.inputs else {}
@@ -103,11 +94,11 @@ class RunStep(StepKind[RunSpec]):
     def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
         if not purge or not self.spec.creates:
             return None
-        return self.machine().remove(ctx, self.spec.cwd, self.spec.creates, dry_run)
+        return self.machine(ctx).remove(ctx, self.spec.cwd, self.spec.creates, dry_run)
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
         spec = self.spec
-        machine = self.machine()
+        machine = self.machine(ctx)
         self._seen = None
         result = machine.run(ctx, spec.command, cwd=spec.cwd, env=spec.env)
         if result.returncode != 0:

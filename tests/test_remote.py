@@ -65,16 +65,16 @@ def test_every_remote_kind_converges_on_two_hosts_and_a_rerun_opens_one_connecti
           - name: prepare
             needs: [creds]
             for_each: "{{{{ vars.hosts }}}}"
+            host: "{{{{ item }}}}"
             run:
-              host: "{{{{ item }}}}"
               command: >-
                 mkdir -p "{there}/{{{{ item }}}}" && printf '%s' "$SERVICE_API_KEY" > "{there}/{{{{ item }}}}/key" &&
                 echo "$MODE" > "{there}/{{{{ item }}}}/it's a \\$file" && echo ran >> "{there}/count"
               creates: ["{there}/{{{{ item }}}}/it's a $file"]
           - name: checks
             needs: [prepare]
+            host: node1
             assert:
-              host: node1
               path: "{there}/node1/*"
               program: [sh, git]
               kernel: "3.0"
@@ -84,17 +84,20 @@ def test_every_remote_kind_converges_on_two_hosts_and_a_rerun_opens_one_connecti
               contains: "{SECRET[:8]}"
           - name: kernel
             needs: [checks]
-            capture: {{host: node2, command: "uname -r"}}
+            host: node2
+            capture: {{command: "uname -r"}}
           - name: key_back
             needs: [prepare]
-            capture: {{host: node2, command: [cat, "{there}/node2/key"], secret: true}}
+            host: node2
+            capture: {{command: [cat, "{there}/node2/key"], secret: true}}
           - name: clone
             needs: [checks]
-            git: {{host: node1, url: "{bare}", dest: "{there}/clone", ref: v1}}
+            host: node1
+            git: {{url: "{bare}", dest: "{there}/clone", ref: v1}}
           - name: deps
             needs: [checks]
+            host: node2
             pip:
-              host: node2
               python: "{sys.executable}"
               venv: "{there}/venv"
               packages: [alpha]
@@ -102,11 +105,12 @@ def test_every_remote_kind_converges_on_two_hosts_and_a_rerun_opens_one_connecti
               no_index: true
           - name: sshd_seen_from_node2
             needs: [checks]
-            wait: {{host: node2, tcp: "127.0.0.2:{port}", timeout: 10}}
+            host: node2
+            wait: {{tcp: "127.0.0.2:{port}", timeout: 10}}
           - name: job
             needs: [clone, deps]
+            host: node1
             launch:
-              host: node1
               cwd: "{there}/clone"
               command: ["{there}/venv/bin/python", -c, "import alpha, beta; print('job', alpha.VERSION, beta.VERSION)"]
         """
@@ -168,8 +172,8 @@ def test_no_secret_on_a_command_line_there(project: Project, remote: dict[str, A
             env: {{SERVICE_API_KEY: "{SECRET}"}}
           - name: look
             needs: [creds]
+            host: node1
             run:
-              host: node1
               command: >-
                 printf '%s' "$SERVICE_API_KEY" > {tmp_path}/needle;
                 for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < "$f" 2>/dev/null; echo; done
@@ -252,12 +256,13 @@ def test_a_host_that_is_no_ssh_destination_is_bad_input(project: Project, host: 
         name: bad
         steps:
           - name: x
-            run: {{host: "{host}", command: "true"}}
+            host: "{host}"
+            run: {{command: "true"}}
         """
     )
     result = project.run("plan")
     assert result.code == 2, result.text
-    assert "pipeline.yaml:4:" in result.err and "run.host" in result.err, result.err
+    assert "pipeline.yaml:4:" in result.err and "(x).host:" in result.err, result.err
     assert "Traceback" not in result.text
 
 
@@ -273,8 +278,8 @@ def test_a_detached_job_there_is_adopted_stopped_and_its_log_followed(
             env: {{SERVICE_API_KEY: "{SECRET}"}}
           - name: train
             needs: [creds]
+            host: node2
             launch:
-              host: node2
               detach: true
               stop_signal: INT
               stop_timeout: 5
@@ -283,7 +288,8 @@ def test_a_detached_job_there_is_adopted_stopped_and_its_log_followed(
                 echo "key $SERVICE_API_KEY"; i=0; while [ $i -lt 600 ]; do echo tick $i; i=$((i+1)); sleep 0.1; done
           - name: short
             needs: []
-            launch: {{host: node1, detach: true, command: "echo one; sleep 1; echo two"}}
+            host: node1
+            launch: {{detach: true, command: "echo one; sleep 1; echo two"}}
         """
     )
     started = project.run("apply")
@@ -376,8 +382,8 @@ def test_kill_9_of_the_runner_stops_the_remote_step_and_the_next_apply_resumes(
         name: crash
         steps:
           - name: long
+            host: node1
             run:
-              host: node1
               command: >-
                 echo go >> {started}; [ -f {fast} ] || {{ setsid {daemon_sleep} </dev/null >/dev/null 2>&1 &
                 {main_sleep}; }}; touch {done}
@@ -425,7 +431,8 @@ def test_a_failed_remote_step_leaves_nothing_running_there(project: Project, rem
         name: failing
         steps:
           - name: bad
-            run: {{host: node2, command: "setsid {daemon_sleep} </dev/null >/dev/null 2>&1 & sleep 0.3; exit 4"}}
+            host: node2
+            run: {{command: "setsid {daemon_sleep} </dev/null >/dev/null 2>&1 & sleep 0.3; exit 4"}}
         """
     )
     result = project.run("apply")
@@ -444,7 +451,8 @@ def test_a_remote_step_that_times_out_is_stopped_there(project: Project, remote:
         steps:
           - name: slow
             timeout: 1
-            run: {{host: node2, command: "unset RUNNER_STEP_TAG; echo started; {sleeper}; echo never"}}
+            host: node2
+            run: {{command: "unset RUNNER_STEP_TAG; echo started; {sleeper}; echo never"}}
         """
     )  # untagged: on loopback, runner's sweep of the step's tag in this machine's /proc would find it too
     result = project.run("apply")
@@ -465,10 +473,12 @@ def test_plan_and_apply_agree_on_a_failing_remote_check(project: Project, remote
         name: agree
         steps:
           - name: kvm
-            assert: {host: node1, path: /dev/no-such-device-here, message: "no KVM on the AgentENV host"}
+            host: node1
+            assert: {path: /dev/no-such-device-here, message: "no KVM on the AgentENV host"}
           - name: after
             needs: [kvm]
-            run: {host: node1, command: "true"}
+            host: node1
+            run: {command: "true"}
         """
     )
     plan = project.run("plan")
@@ -500,7 +510,8 @@ def test_a_check_written_once_fails_there_in_the_words_it_fails_here(
             assert: {{{checks}}}
           - name: there
             needs: []
-            assert: {{host: node1, {checks}}}
+            host: node1
+            assert: {{{checks}}}
         """
     )
     result = project.run("apply", "--keep-going")
@@ -628,13 +639,13 @@ def test_inputs_and_requirements_files_are_read_on_the_host(
         name: inputs
         steps:
           - name: digest
+            host: node1
             run:
-              host: node1
               command: cat {there}/conf/*.txt > {there}/digest; echo ran >> {there}/digest-runs
               inputs: ["{there}/conf/*.txt"]
           - name: deps
+            host: node2
             pip:
-              host: node2
               python: "{sys.executable}"
               venv: "{there}/venv"
               requirements: ["{there}/reqs.txt"]
@@ -734,7 +745,8 @@ def test_git_there_retries_the_network_only_and_takes_a_path_from_the_login_dire
           - {{name: wrong, needs: [], git: {{host: node1, url: "{tmp_path}/no-such.git", dest: "{tmp_path}/w"}}}}
           - name: offline
             needs: []
-            git: {{host: node1, url: "git://127.0.0.1:{dead}/x.git", dest: "{tmp_path}/o", attempts: 2}}
+            host: node1
+            git: {{url: "git://127.0.0.1:{dead}/x.git", dest: "{tmp_path}/o", attempts: 2}}
           - {{name: pinned, needs: [], git: {{host: node1, url: "{bare}", dest: "{rel}/clone", ref: "{first}"}}}}
         """
     )
@@ -794,3 +806,41 @@ def test_a_machine_whose_engine_is_not_there_is_named_with_where_runner_looked(
         "on nodocker" in result.out
     ), result.out
     assert "set DOCKER_HOST for that user" in result.out and "Traceback" not in result.text
+
+
+def test_a_pipeline_moved_to_the_steps_host_keeps_its_records(
+    project: Project, remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """The older spelling inside the kind, applied, then written as the step's `host:`: nothing runs again (the
+    records are the same)."""
+    there = tmp_path / "there"
+    there.mkdir()
+    bare, first, _ = _repo(tmp_path / "git")
+
+    def write(moved: bool) -> None:
+        def step(name: str, kind: str, host: str, fields: list[str]) -> str:
+            if moved:
+                return "\n".join(
+                    [f"  - name: {name}", f"    host: {host}", f"    {kind}:", *(f"      {f}" for f in fields)]
+                )
+            return "\n".join(
+                [f"  - name: {name}", f"    {kind}:", f"      host: {host}", *(f"      {f}" for f in fields)]
+            )
+
+        made = [f'command: "echo x > {there}/made && echo ran >> {there}/count"', f'creates: ["{there}/made"]']
+        clone = [f'url: "{bare}"', f'dest: "{there}/clone"', f'ref: "{first}"']
+        steps = [step("made", "run", "node1", made), step("clone", "git", "node2", clone)]
+        steps.append(step("check", "assert", "node1", [f'path: "{there}/clone/f"']))
+        project.write("name: moving\nsteps:\n" + "\n".join(steps) + "\n")
+
+    write(moved=False)
+    assert project.run("apply").code == 0
+    assert "`run.host` is written on the step now" in project.run("validate").out
+    write(moved=True)
+    said = project.run("validate")
+    assert said.code == 0 and "note:" not in said.out, said.out
+    plan = project.run("plan")
+    assert plan.code == 0 and "nothing to do" in plan.out, plan.out
+    apply = project.run("apply")
+    assert apply.code == 0 and (there / "count").read_text() == "ran\n", apply.out
+    assert "changed=0" in apply.out, apply.out

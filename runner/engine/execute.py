@@ -188,7 +188,7 @@ class Executing(Walking):
         if not sweep.GUARDIAN.holds(tag) and not crashed:
             return  # it started no process
         left: list[sweep.Leftover] = []
-        host = prep.instance.remote_host() if prep is not None else None
+        host = prep.instance.remote_host(prep.ctx) if prep is not None else None
         if host:
             from steps._support.machine import machine_for  # ssh's code, only for a step on another machine
 

@@ -103,7 +103,7 @@ class Deciding(Removals):
         return self.masker.mask(live) if live else None
 
     def _preview(self, prep: Prepared) -> str | None:
-        host = prep.instance.remote_host()
+        host = prep.instance.remote_host(prep.ctx)
         if host:  # a machine that cannot be reached fails every step there: plan says so, as apply will
             from steps._support.machine import machine_for  # ssh's code, only for a step on another machine
 

@@ -183,8 +183,11 @@ class Preparing(EngineBase):
             raise self._render_error(step, exc) from None
         self.masker.scan(rendered)  # values under secret-sounding names, URL passwords: masked from here on
         cls = kind_class(step.kind)
+        host = self._host(step, context)
+        if host and "host" in cls.Spec.model_fields and isinstance(rendered, dict) and rendered.get("host") is None:
+            rendered = {**rendered, "host": host}  # docker's engine there, capture's command there: as `docker.host`
         try:
-            spec = cls.Spec.model_validate(rendered)
+            spec = cls.Spec.model_validate(rendered, context={"host": host})
         except ValidationError as exc:
             errors = validation_errors(exc, ("steps", step.index, step.kind), cls.Spec, self.pipeline.marks, rendered)
             err = errors[0]
@@ -210,11 +213,16 @@ class Preparing(EngineBase):
             notice=self.reporter.notice,
             digest=self.secrets.keyed_digest,
             forced=step.name in self.options.force or record_name in self.options.force,
+            host=host,
         )
         dumped = spec.model_dump(mode="json")
         spec_data = (
             {k: v for k, v in dumped.items() if k not in cls.cosmetic_fields} if isinstance(dumped, dict) else dumped
         )
+        if cls.on_machine and isinstance(spec_data, dict) and "host" not in cls.Spec.model_fields:
+            # the machine is part of what the step is, under the key the older spelling (`run: {host: }`) gave it,
+            # so a pipeline moved to the step's `host:` keeps its records
+            spec_data["host"] = host
         upstream = {dep: self.digests.get(dep, "none") for dep in self.graph.deps[step.name]}
         try:
             extra = instance.fingerprint_extra(ctx)
@@ -227,6 +235,26 @@ class Preparing(EngineBase):
         fingerprint = step_fingerprint(step.kind, spec_data, extra, upstream)
         ctx.fingerprint = fingerprint
         return Prepared(step, instance, ctx, spec_data, fingerprint, upstream, record_name)
+
+    def _host(self, step: StepDecl, context: dict[str, Any]) -> str | None:
+        """The step's `host:` rendered and checked as an ssh destination; None (also when it renders empty) is
+        this machine."""
+        host = step.common.host
+        if host is None or ("{{" not in host and "{%" not in host):
+            return host
+        where = step.host_at[2:]
+        try:
+            text = render_string(host, context, where).strip()
+        except RenderError as exc:
+            raise self._render_error(step, exc) from None
+        if not text:
+            return None
+        from steps._support.ssh import check_target
+
+        try:
+            return check_target(text)
+        except ValueError as exc:
+            raise self._render_error(step, RenderError(f"{exc} (after rendering templates)", where)) from None
 
 
 def item_key(value: Any) -> str:
@@ -285,7 +313,11 @@ class Removals(Preparing):
     def _removed_one(self, key: str, record: StepRecord) -> RemovedStep:
         try:
             cls = kind_class(record.kind)
-            instance = cls(cls.Spec.model_validate(record.spec or {}))
+            spec = dict(record.spec or {})
+            host = spec.get("host") if cls.on_machine else None
+            if "host" not in cls.Spec.model_fields:
+                spec.pop("host", None)
+            instance = cls(cls.Spec.model_validate(spec, context={"host": host}))
         except Exception:  # noqa: BLE001 - an unknown kind or a spec of an older runner: nothing to look at
             return RemovedStep(key, record.kind or "?", None, None, None)
         ctx = StepContext(
@@ -298,6 +330,7 @@ class Removals(Preparing):
             mask=self.masker.mask,
             notice=self.reporter.notice,
             digest=self.secrets.keyed_digest,
+            host=host if isinstance(host, str) else None,
         )
         try:
             live = instance.teardown(ctx, purge=False, dry_run=True)

@@ -165,6 +165,6 @@ def _signals_raise(hurry: threading.Event) -> Iterator[None]:
 
 def _local_probe(step: StepDecl) -> bool:
     """Its probe reads only this machine: its kind's, and no `host:` sends it elsewhere."""
-    if isinstance(step.raw, dict) and step.raw.get("host"):
+    if step.common.host:
         return False
     return kind_class(step.kind).local_probe

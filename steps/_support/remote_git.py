@@ -34,14 +34,9 @@ def _dest_word(dest: str) -> str:
 
 
 class RemoteGit:
-    def __init__(self, step: Any) -> None:
+    def __init__(self, step: Any, host: str) -> None:
         self.step = step
-
-    @property
-    def host(self) -> str:
-        host = self.step.spec.host
-        assert isinstance(host, str)
-        return host
+        self.host = host  # the step's `host:`
 
     def probe(self, ctx: StepContext) -> Probe:
         spec = self.step.spec

@@ -37,14 +37,10 @@ def _when(ts: Any) -> str:
 
 
 class RemoteJob:
-    def __init__(self, step: Any) -> None:
+    def __init__(self, step: Any, host: str) -> None:
         self.step = step
+        self.host = host  # where the step starts its job: the step's `host:`
         self._seen: dict[str, Any] | None = None
-
-    @property
-    def host(self) -> str:
-        """Where the step starts its job: the spec's host ("" for a step that now runs its job here)."""
-        return str(self.step.spec.host or "")
 
     def where(self, job: dict[str, Any] | None) -> str:
         """Where a recorded job runs: the host it was started on (the spec's host may have changed since)."""

@@ -29,15 +29,10 @@ def _path_word(path: str) -> str:
 
 
 class RemotePip:
-    def __init__(self, step: Any) -> None:
+    def __init__(self, step: Any, host: str) -> None:
         self.step = step
+        self.host = host  # the step's `host:`
         self._seen: dict[str, Any] | None = None
-
-    @property
-    def host(self) -> str:
-        host = self.step.spec.host
-        assert isinstance(host, str)
-        return host
 
     def python(self) -> str:
         spec = self.step.spec
