@@ -21,21 +21,19 @@ that machine's git: `dest` is a path there (relative: from the login directory) 
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import os
+import posixpath
 import re
-import shutil
-import subprocess
-from collections.abc import Mapping
+import socket
 from pathlib import Path
 from typing import Any
 
 from pydantic import Field, ValidationInfo, model_validator
 
 from steps._support import faults
-from steps._support.gitdir import NETWORK_ERRORS, git_dir, head, origin_url, same_url
-from steps._support.process import run_process
+from steps._support.gitdir import NETWORK_ERRORS, CloneFact, git_dir, same_url
+from steps._support.machine import machine_for
+from steps._support.process import log_line
 from steps._support.supervise import start_time
 from steps.base import Change, Probe, SpecModel, StepContext, StepError, StepKind, machine_named
 
@@ -82,29 +80,20 @@ class GitStep(StepKind[GitSpec]):
     outputs = frozenset({"commit", "path", "branch", "host"})
     cosmetic_fields = frozenset({"attempts"})
 
-    # ---- probe: file reads only --------------------------------------------------------------------------
-
-    def away(self, ctx: StepContext) -> Any:
-        """The clone on another machine (the step's `host`), or None."""
-        if not ctx.host:
-            return None
-        from steps._support.remote_git import RemoteGit
-
-        return RemoteGit(self, ctx.host)
+    # ---- probe: file reads only here, one round trip there ---------------------------------------------------
 
     def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[Change]) -> list[Change]:
         spec = self.spec
-        if ctx.host:
-            return changes
         old_ref = old_spec.get("ref")
         if old_ref == spec.ref:
             return changes
         was = str(ctx.record_outputs.get("commit") or "")[:7]
         new = ""
-        gitdir = git_dir(ctx.resolve(spec.dest))
-        if gitdir is not None and spec.ref:
-            found = _rev(ctx.resolve(spec.dest), f"{spec.ref}^{{commit}}", ctx.env) or _rev(
-                ctx.resolve(spec.dest), f"origin/{spec.ref}^{{commit}}", ctx.env
+        machine = machine_for(ctx.host)
+        dest = machine.path(ctx, spec.dest)
+        if spec.ref and machine.fact(ctx, CloneFact(spec.dest, self._url(ctx))).state == "clone":
+            found = self._rev(ctx, dest, f"{spec.ref}^{{commit}}") or self._rev(
+                ctx, dest, f"origin/{spec.ref}^{{commit}}"
             )
             new = f" ({found[:7]})" if found else " (not in the clone yet: fetched on apply)"
         ref = Change("ref", f"{old_ref or 'HEAD'}" + (f"@{was}" if was else ""), f"{spec.ref or 'HEAD'}{new}")
@@ -116,113 +105,120 @@ class GitStep(StepKind[GitSpec]):
         return os.fspath(ctx.resolve(url)) if url.startswith(("./", "../")) else url
 
     def probe(self, ctx: StepContext) -> Probe:
-        if self.away(ctx):
-            return self.away(ctx).probe(ctx)
         spec = self.spec
-        dest = ctx.resolve(spec.dest)
-        gitdir = git_dir(dest)
-        if gitdir is None:
-            return Probe.missing(f"{spec.dest} is not a clone yet")
-        url = origin_url(gitdir)
-        if not same_url(url, self._url(ctx)):
+        machine = machine_for(ctx.host)
+        where = machine.where
+        wanted = str(spec.ref or ctx.record_outputs.get("branch") or "HEAD")
+        ask = spec.update and not (spec.ref and HEX.match(spec.ref.lower()))
+        seen = machine.fact(ctx, CloneFact(spec.dest, self._url(ctx), wanted if ask else None))
+        if seen.state == "none":
+            return Probe.missing(f"{spec.dest} is not a clone yet{where}")
+        if seen.state == "notgit":
+            return Probe.missing(f"{spec.dest}{where} is not a git clone (apply will say what to do)")
+        url = self._url(ctx)
+        if not same_url(seen.url, url):
             return Probe.drift(
-                f"origin of {spec.dest} is {url}, not {self._url(ctx)}", (Change("url", url, self._url(ctx)),)
+                f"origin of {spec.dest}{where} is {seen.url}, not {url}", (Change("url", seen.url, url),)
             )
-        commit, branch = head(gitdir)
-        recorded = str(ctx.record_outputs.get("commit", ""))
+        commit = seen.commit
         if not commit:
-            return Probe.missing(f"{spec.dest} has no HEAD commit")
+            return Probe.missing(f"{spec.dest}{where} has no HEAD commit")
         if spec.ref and HEX.match(spec.ref.lower()):
             if not commit.startswith(spec.ref.lower()):
-                return Probe.drift(f"HEAD is {commit[:12]}, not {spec.ref}", (Change("ref", commit[:12], spec.ref),))
+                return Probe.drift(
+                    f"HEAD is {commit[:12]}, not {spec.ref}{where}", (Change("ref", commit[:12], spec.ref),)
+                )
             return Probe.ok()
+        recorded = str(ctx.record_outputs.get("commit", ""))
         if commit != recorded:
             return Probe.drift(
-                f"HEAD moved to {commit[:12]} (recorded {recorded[:12] or 'none'})",
+                f"HEAD{where} moved to {commit[:12]} (recorded {recorded[:12] or 'none'})",
                 (Change("commit", recorded[:12], commit[:12]),),
             )
-        if spec.update:
-            wanted = spec.ref or ctx.record_outputs.get("branch") or "HEAD"
-            remote = self._remote_head(ctx, str(wanted))
-            if remote and remote != commit:
-                change = Change("commit", commit[:12], remote[:12])
-                return Probe.drift(f"origin/{wanted} moved: {commit[:12]} -> {remote[:12]}", (change,))
-        return Probe.ok(f"at {commit[:12]}" + (f" ({branch})" if branch else ""))
+        if ask:
+            if seen.remote is None:
+                raise StepError(f"git ls-remote origin failed{where}: its origin did not answer for {wanted}")
+            if seen.remote and seen.remote != commit:
+                change = Change("commit", commit[:12], seen.remote[:12])
+                return Probe.drift(f"origin/{wanted} moved: {commit[:12]} -> {seen.remote[:12]}", (change,))
+        return Probe.ok(f"at {commit[:12]}" + (f" ({seen.branch})" if seen.branch else "") + where)
 
-    def _remote_head(self, ctx: StepContext, ref: str) -> str | None:
-        try:
-            proc = subprocess.run(
-                ["git", "ls-remote", self._url(ctx), ref if ref == "HEAD" else f"refs/heads/{ref}"],
-                capture_output=True,
-                text=True,
-                timeout=ctx.timeout or 60,
-                env=_git_env(ctx.env),
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise StepError(f"git ls-remote {self._url(ctx)} failed: {exc}") from None
-        if proc.returncode != 0:
-            raise StepError(f"git ls-remote {self._url(ctx)} failed: {proc.stderr.strip()[-300:]}")
-        line = proc.stdout.strip().splitlines()
-        return line[0].split()[0] if line else None
-
-    # ---- apply ----------------------------------------------------------------------------------------
+    # ---- apply: git commands on the step's machine -----------------------------------------------------------
 
     def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
         """With --purge: the clone, if it is a clone of this step's url (a directory of someone else's stays)."""
         if not purge:
             return None
-        if self.away(ctx):
-            return self.away(ctx).teardown(ctx, dry_run)
-        dest = ctx.resolve(self.spec.dest)
-        gitdir = git_dir(dest) if dest.is_dir() and not dest.is_symlink() else None
-        if gitdir is None:
+        machine = machine_for(ctx.host)
+        seen = machine.fact(ctx, CloneFact(self.spec.dest, self._url(ctx)))
+        if seen.state != "clone":
             return None
-        if not same_url(origin_url(gitdir), self._url(ctx)):
-            return f"left {dest}: a clone of {origin_url(gitdir)}, not of this step's url"
+        dest = machine.path(ctx, self.spec.dest)
+        where = machine.where
+        if not same_url(seen.url, self._url(ctx)):
+            return f"left {dest}{where}: a clone of {seen.url}, not of this step's url"
         if dry_run:
-            return f"would remove the clone {dest}"
-        shutil.rmtree(dest)
-        return f"removed the clone {dest}"
+            return f"would remove the clone {dest}{where}"
+        machine.remove_tree(ctx, dest)
+        return f"removed the clone {dest}{where}"
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        if self.away(ctx):
-            return self.away(ctx).apply(ctx)
-        spec = self.spec
-        dest = ctx.resolve(spec.dest)
-        if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
-            if git_dir(dest) is None:
+        machine = machine_for(ctx.host)
+        dest = machine.path(ctx, self.spec.dest)
+        entry = machine.entry(ctx, dest)
+        if entry in ("dir", "file"):
+            if entry == "file" or self._top(ctx, dest) is None:
                 raise StepError(
-                    f"{dest} exists and is not a git clone",
+                    f"{dest} exists{machine.where} and is not a git clone",
                     hint="move it away or choose another `dest`; runner never deletes a directory it did not make",
                 )
             ctx.changed = self._converge_existing(ctx, dest)
         else:
             self._clone_fresh(ctx, dest)
-        gitdir = git_dir(dest)
-        assert gitdir is not None
-        commit, branch = head(gitdir)
-        return {"commit": commit or "", "path": os.fspath(dest), "branch": branch or ""}
+        commit = self._rev(ctx, dest, "HEAD") or ""
+        code, out = machine.ask(ctx, ["git", "symbolic-ref", "-q", "--short", "HEAD"], cwd=dest, env=_GIT_ENV)
+        outputs = {"commit": commit, "path": dest, "branch": out.strip() if code == 0 else ""}
+        return {**outputs, "host": ctx.host} if ctx.host else outputs
 
-    def _git(self, ctx: StepContext, args: list[str], cwd: Path, network: bool = False) -> str:
-        argv = ["git", "-c", "advice.detachedHead=false", *args]
-        ctx.on_output("$ " + " ".join(args))
-        result = run_process(argv, ctx, cwd=cwd, env=_git_env(ctx.env), on_transient=lambda t: _progress(ctx, t))
+    def _top(self, ctx: StepContext, dest: str) -> str | None:
+        """The clone's top directory when `dest` is one (not a directory inside another clone)."""
+        if not ctx.host:  # in-process: the .git reader
+            return dest if git_dir(Path(dest)) is not None else None
+        code, out = machine_for(ctx.host).ask(ctx, ["git", "rev-parse", "--show-toplevel"], cwd=dest, env=_GIT_ENV)
+        return dest if code == 0 and out.strip() == dest else None
+
+    def _rev(self, ctx: StepContext, repo: str, expr: str) -> str | None:
+        code, out = machine_for(ctx.host).ask(ctx, ["git", "rev-parse", "--verify", "--quiet", expr], repo, _GIT_ENV)
+        return (out.strip() or None) if code == 0 else None
+
+    def _git(self, ctx: StepContext, args: list[str], cwd: str, network: bool = False) -> str:
+        machine = machine_for(ctx.host)
+        ctx.on_output("$ git " + " ".join(args))
+        result = machine.run(
+            ctx,
+            ["git", "-c", "advice.detachedHead=false", *args],
+            cwd=cwd,
+            env=_GIT_ENV,
+            on_transient=lambda t: _progress(ctx, t),
+        )
         if result.returncode != 0:
             text = "\n".join(result.tail).strip()
-            message = f"git {args[0]} failed (exit {result.returncode}): {_last_error(text)}"
+            message = f"git {args[0]} failed{machine.where} (exit {result.returncode}): {_last_error(text)}"
             if network and any(marker in text.lower() for marker in NETWORK_ERRORS):
                 raise GitNetworkError(message, output_tail=text)
-            raise StepError(message, output_tail=text)
+            hint = ""
+            if network and ctx.host:
+                hint = f"not a network error, so not retried: check `url` and `ref` as {ctx.host} sees them"
+            raise StepError(message, hint=hint, output_tail=text)
         return result.stdout
 
     def _with_retries(self, ctx: StepContext, what: str, action: Any) -> None:
         spec = self.spec
 
         def before_retry(attempt: int, exc: BaseException | None) -> None:
-            ctx.notice(
-                f"{ctx.name}: {what} attempt {attempt} of {spec.attempts} failed "
-                f"({getattr(exc, 'message', exc)}); retrying"
-            )
+            said = f"{what} attempt {attempt} of {spec.attempts} failed ({getattr(exc, 'message', exc)}); retrying"
+            log_line(ctx, "runner: " + said)
+            ctx.notice(f"{ctx.name}: {said}")
 
         from tenacity import retry_if_exception, wait_exponential  # only to clone
 
@@ -236,146 +232,151 @@ class GitStep(StepKind[GitSpec]):
             interrupted=lambda: StepError("interrupted"),
             before_retry=before_retry,
         )
-        for attempt in tries:
-            with attempt:
-                action()
+        try:
+            for attempt in tries:
+                with attempt:
+                    action()
+        except GitNetworkError as exc:  # every attempt: the network, as far as git's words tell
+            where = machine_for(ctx.host).where
+            reach = (
+                f"check that {ctx.host or 'this machine'} reaches {self._url(ctx)} (its network, proxy, credentials)"
+            )
+            exc.message = exc.message.replace(
+                f"failed{where} (", f"failed{where} after {spec.attempts} attempt(s) (", 1
+            )
+            raise StepError(exc.message, hint=reach, output_tail=exc.output_tail) from None
 
-    def _clone_fresh(self, ctx: StepContext, dest: Path) -> None:
+    def _clone_fresh(self, ctx: StepContext, dest: str) -> None:
         spec = self.spec
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        for other in dest.parent.glob(f".{dest.name}.runner-clone-*"):
-            owner = _clone_owner(other.name.rsplit(".runner-clone-", 1)[1])
+        machine = machine_for(ctx.host)
+        parent, name = posixpath.split(dest)
+        machine.make_dirs(ctx, parent)
+        for other in machine.names(ctx, parent):
+            if not other.startswith(f".{name}.runner-clone-"):
+                continue
+            owner = _clone_owner(other.rsplit(".runner-clone-", 1)[1])
             if owner is None:  # left by a run that died: only a dead process's temporaries are removed
-                shutil.rmtree(other, ignore_errors=True)
+                machine.remove_tree(ctx, posixpath.join(parent, other))
             elif owner != os.getpid():
                 raise StepError(
-                    f"{dest} is being cloned by another apply (pid {owner}, into {other.name})",
+                    f"{dest} is being cloned by another apply (pid {owner}, into {other})",
                     hint="let it finish, then run apply again; two pipelines should not clone into one directory",
                 )
-        tmp = dest.parent / f".{dest.name}.runner-clone-{os.getpid()}-{start_time(os.getpid())}"
+        tmp = posixpath.join(parent, f".{name}.runner-clone-{_clone_suffix(bool(ctx.host))}")
         ref = spec.ref
         by_name = ref is not None and not HEX.match(ref.lower())
 
         def clone() -> None:
-            shutil.rmtree(tmp, ignore_errors=True)
+            machine.remove_tree(ctx, tmp)
             args = ["clone", "--progress"]
             if spec.depth:
                 args += ["--depth", str(spec.depth)]
             if by_name and ref:
                 args += ["--branch", ref]
-            self._git(ctx, [*args, "--", self._url(ctx), str(tmp)], dest.parent, network=True)
+            self._git(ctx, [*args, "--", self._url(ctx), tmp], parent, network=True)
 
         try:
             self._with_retries(ctx, "clone", clone)
             if ref and not by_name:
                 self._checkout_commit(ctx, tmp, ref)
-            elif ref and by_name and _is_branch(tmp, ref):
-                pass  # --branch checked it out as a local branch tracking origin
             if spec.submodules:
                 self._with_retries(
                     ctx,
                     "submodule update",
                     lambda: self._git(ctx, ["submodule", "update", "--init", "--recursive"], tmp, network=True),
                 )
-            if dest.is_dir():
-                with contextlib.suppress(OSError):
-                    dest.rmdir()  # an empty directory stood in the way
             faults.point("git-cloned")
-            try:
-                os.rename(tmp, dest)
-            except OSError as exc:
-                if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
-                    raise
+            if not machine.move(ctx, tmp, dest):
                 raise StepError(
-                    f"{dest} appeared while this step cloned into {tmp.name} (another apply or tool made it)",
+                    f"{dest} appeared{machine.where} while this step cloned into {posixpath.basename(tmp)} (another "
+                    "apply or tool made it)",
                     hint="run apply again: it checks what is there now",
-                ) from None
+                )
         finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
+            if machine.entry(ctx, tmp) != "none":
+                machine.remove_tree(ctx, tmp)
 
-    def _checkout_commit(self, ctx: StepContext, repo: Path, sha: str) -> None:
-        if not _has_commit(repo, sha, ctx.env):
+    def _checkout_commit(self, ctx: StepContext, repo: str, sha: str) -> None:
+        if self._rev(ctx, repo, f"{sha}^{{commit}}") is None:
             args = ["fetch", "origin", sha] + (["--depth", str(self.spec.depth)] if self.spec.depth else [])
             self._with_retries(ctx, "fetch", lambda: self._git(ctx, args, repo, network=True))
-            target = "FETCH_HEAD" if not _has_commit(repo, sha, ctx.env) else sha
+            target = "FETCH_HEAD" if self._rev(ctx, repo, f"{sha}^{{commit}}") is None else sha
         else:
             target = sha
         force = ["--force"] if self.spec.force else []
         self._git(ctx, ["checkout", *force, "--detach", target], repo)
-        commit, _ = head(git_dir(repo) or repo / ".git")
+        commit = self._rev(ctx, repo, "HEAD")
         if not commit or not commit.startswith(sha.lower()):
             raise StepError(f"commit {sha} is not in {self._url(ctx)}", hint="check `ref`")
 
-    def _converge_existing(self, ctx: StepContext, dest: Path) -> bool:
+    def _converge_existing(self, ctx: StepContext, dest: str) -> bool:
         """Bring an existing clone to the spec; False when it already was (same origin, commit and branch)."""
-        import git
-
         spec = self.spec
-        repo = git.Repo(dest)
+        machine = machine_for(ctx.host)
         repointed = False
-        try:
-            url = repo.remotes.origin.url if "origin" in [r.name for r in repo.remotes] else None
-            if not same_url(url, self._url(ctx)):
-                if not (spec.force or ctx.forced):
-                    raise StepError(
-                        f"{dest} is a clone of {url}, not {self._url(ctx)}: runner does not take it over",
-                        hint=f"fix `url`, move the directory away, or `runner apply --force {ctx.name}` (or "
-                        "`force: true`) to repoint its origin and check out the step's ref",
-                    )
-                if url is None:
-                    repo.create_remote("origin", self._url(ctx))
-                else:
-                    repo.remotes.origin.set_url(self._url(ctx))
-                repointed = True
-            target, branch = self._target(ctx, repo, dest)
-            if (
-                repo.head.is_valid()
-                and repo.head.commit.hexsha == target
-                and (branch is None or (not repo.head.is_detached and repo.active_branch.name == branch))
-            ):
-                return repointed
-            if repo.is_dirty(untracked_files=False) and not spec.force:
-                changed = [str(d.a_path) for d in repo.index.diff(None)][:5]
+        code, out = machine.ask(ctx, ["git", "config", "--get", "remote.origin.url"], cwd=dest, env=_GIT_ENV)
+        url = out.strip() if code == 0 and out.strip() else None
+        if not same_url(url, self._url(ctx)):
+            if not (spec.force or ctx.forced):
                 raise StepError(
-                    f"{dest} has local changes to tracked files ({', '.join(changed) or 'staged changes'}); "
+                    f"{dest}{machine.where} is a clone of {url}, not {self._url(ctx)}: runner does not take it over",
+                    hint=f"fix `url`, move the directory away, or `runner apply --force {ctx.name}` (or "
+                    "`force: true`) to repoint its origin and check out the step's ref",
+                )
+            verb = ["remote", "add", "origin"] if url is None else ["remote", "set-url", "origin"]
+            self._git(ctx, [*verb, self._url(ctx)], dest)
+            repointed = True
+        target, branch = self._target(ctx, dest)
+        now = self._rev(ctx, dest, "HEAD")
+        code, out = machine.ask(ctx, ["git", "symbolic-ref", "-q", "--short", "HEAD"], cwd=dest, env=_GIT_ENV)
+        on_branch = out.strip() if code == 0 else ""
+        if now == target and (branch is None or on_branch == branch):
+            return repointed
+        if not spec.force:
+            code, _ = machine.ask(ctx, ["git", "diff-index", "--quiet", "HEAD", "--"], cwd=dest, env=_GIT_ENV)
+            if code != 0:
+                _, names = machine.ask(ctx, ["git", "diff", "--name-only", "HEAD"], cwd=dest, env=_GIT_ENV)
+                changed = ", ".join(names.split()[:5]) or "staged changes"
+                raise StepError(
+                    f"{dest}{machine.where} has local changes to tracked files ({changed}); "
                     f"not checking out {spec.ref or 'the default branch'} over them",
                     hint="commit or stash them (git stash), or set `force: true` to discard them",
                 )
-            force = ["--force"] if spec.force else []
-            if branch is not None:
-                self._git(ctx, ["checkout", *force, "-B", branch, target], dest)
-                self._git(ctx, ["branch", "--set-upstream-to", f"origin/{branch}", branch], dest)
-            else:
-                self._git(ctx, ["checkout", *force, "--detach", target], dest)
-            if spec.submodules:
-                self._with_retries(
-                    ctx,
-                    "submodule update",
-                    lambda: self._git(ctx, ["submodule", "update", "--init", "--recursive"], dest, network=True),
-                )
-            return True
-        finally:
-            repo.close()
+        force = ["--force"] if spec.force else []
+        if branch is not None:
+            self._git(ctx, ["checkout", *force, "-B", branch, target], dest)
+            self._git(ctx, ["branch", "--set-upstream-to", f"origin/{branch}", branch], dest)
+        else:
+            self._git(ctx, ["checkout", *force, "--detach", target], dest)
+        if spec.submodules:
+            self._with_retries(
+                ctx,
+                "submodule update",
+                lambda: self._git(ctx, ["submodule", "update", "--init", "--recursive"], dest, network=True),
+            )
+        return True
 
-    def _target(self, ctx: StepContext, repo: Any, dest: Path) -> tuple[str, str | None]:
+    def _target(self, ctx: StepContext, dest: str) -> tuple[str, str | None]:
         """(commit to check out, branch name when the ref is a branch), fetching when it is not here yet."""
         spec = self.spec
         ref = spec.ref
         depth = ["--depth", str(spec.depth)] if spec.depth else []
         if ref is None:
-            ref = _default_branch(repo) or "main"
+            code, out = machine_for(ctx.host).ask(
+                ctx, ["git", "symbolic-ref", "-q", "refs/remotes/origin/HEAD"], cwd=dest, env=_GIT_ENV
+            )
+            ref = (out.strip().rsplit("/", 1)[-1] if code == 0 and out.strip() else "") or "main"
         if HEX.match(ref.lower()):
-            if not _has_commit(dest, ref, ctx.env):
+            if self._rev(ctx, dest, f"{ref}^{{commit}}") is None:
                 self._with_retries(ctx, "fetch", lambda: self._git(ctx, ["fetch", "origin", ref, *depth], dest, True))
-            found = _rev(dest, f"{ref}^{{commit}}", ctx.env) or _rev(dest, "FETCH_HEAD^{commit}", ctx.env)
+            found = self._rev(ctx, dest, f"{ref}^{{commit}}") or self._rev(ctx, dest, "FETCH_HEAD^{commit}")
             if not found or not found.startswith(ref.lower()):
                 raise StepError(f"commit {ref} is not in {self._url(ctx)}", hint="check `ref`")
             return found, None
-        tag = _rev(dest, f"refs/tags/{ref}^{{commit}}", ctx.env)
+        tag = self._rev(ctx, dest, f"refs/tags/{ref}^{{commit}}")
         if tag and not spec.update:
             return tag, None
-        remote_branch = _rev(dest, f"refs/remotes/origin/{ref}", ctx.env)
+        remote_branch = self._rev(ctx, dest, f"refs/remotes/origin/{ref}")
         if remote_branch is None or spec.update:
             refspec = f"+refs/heads/{ref}:refs/remotes/origin/{ref}"
 
@@ -384,9 +385,9 @@ class GitStep(StepKind[GitSpec]):
 
             try:
                 self._with_retries(ctx, "fetch", fetch_branch)
-            except GitNetworkError:
-                raise
-            except StepError:
+            except StepError as exc:
+                if exc.hint.startswith("check that "):  # the network, after every attempt
+                    raise
                 if tag:
                     return tag, None
                 # not a branch: try it as a tag
@@ -394,11 +395,11 @@ class GitStep(StepKind[GitSpec]):
                 self._with_retries(
                     ctx, "fetch", lambda: self._git(ctx, ["fetch", "origin", tag_refspec, *depth], dest, True)
                 )
-                tag = _rev(dest, f"refs/tags/{ref}^{{commit}}", ctx.env)
+                tag = self._rev(ctx, dest, f"refs/tags/{ref}^{{commit}}")
                 if tag:
                     return tag, None
                 raise StepError(f"{ref} is neither a branch nor a tag of {self._url(ctx)}") from None
-            remote_branch = _rev(dest, f"refs/remotes/origin/{ref}", ctx.env)
+            remote_branch = self._rev(ctx, dest, f"refs/remotes/origin/{ref}")
         if remote_branch is None:
             raise StepError(f"{ref} is neither a branch nor a tag of {self._url(ctx)}")
         return remote_branch, ref
@@ -414,35 +415,7 @@ def _progress(ctx: StepContext, text: str) -> None:
         ctx.progress(int(match.group(2)), int(match.group(3)), match.group(1).split()[-1])
 
 
-def _git_env(env: Mapping[str, str]) -> dict[str, str]:
-    return {**env, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "/bin/true", "LC_ALL": "C"}
-
-
-def _rev(repo: Path, expr: str, env: Mapping[str, str]) -> str | None:
-    proc = subprocess.run(
-        ["git", "rev-parse", "--verify", "--quiet", expr], cwd=repo, capture_output=True, text=True, env=_git_env(env)
-    )
-    if proc.returncode != 0:
-        return None
-    return proc.stdout.strip() or None
-
-
-def _has_commit(repo: Path, sha: str, env: Mapping[str, str]) -> bool:
-    return _rev(repo, f"{sha}^{{commit}}", env) is not None
-
-
-def _is_branch(repo: Path, name: str) -> bool:
-    gitdir = git_dir(repo)
-    return gitdir is not None and head(gitdir)[1] == name
-
-
-def _default_branch(repo: Any) -> str | None:
-    try:
-        ref = repo.git.symbolic_ref("refs/remotes/origin/HEAD")
-    except Exception:  # noqa: BLE001 - no origin/HEAD recorded
-        return None
-    text = str(ref).strip()
-    return text.rsplit("/", 1)[-1] if text else None
+_GIT_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "/bin/true", "LC_ALL": "C"}  # never a prompt; git's words
 
 
 def _last_error(text: str) -> str:
@@ -452,13 +425,24 @@ def _last_error(text: str) -> str:
     return chosen.strip()
 
 
+def _clone_suffix(elsewhere: bool) -> str:
+    """The end of a temporary clone's name: this runner's PID-STARTTIME, and on another machine also this one's
+    name after an @ (a pid there means nothing of this machine's)."""
+    own = f"{os.getpid()}-{start_time(os.getpid())}"
+    return f"{own}@{socket.gethostname()}" if elsewhere else own
+
+
 def _clone_owner(suffix: str) -> int | None:
-    """The live process a temporary clone belongs to (its name ends in PID-STARTTIME), or None when that
-    process is gone (or the name is of an older runner, PID alone, and the pid is not running)."""
+    """The live process a temporary clone belongs to (its name ends in PID-STARTTIME, @MACHINE when made from
+    another), or None when that process is gone (or the name is of an older runner, PID alone, and the pid is not
+    running). A temporary made from another control machine is taken as live: this one cannot look."""
+    suffix, at, machine = suffix.partition("@")
     pid_text, _, began = suffix.partition("-")
     if not pid_text.isdigit():
         return None
     pid = int(pid_text)
+    if at and machine != socket.gethostname():
+        return pid
     now = start_time(pid)
     if now is None or (began and now != began):
         return None

@@ -754,13 +754,14 @@ def test_git_there_retries_the_network_only_and_takes_a_path_from_the_login_dire
         result = project.run("apply", "--keep-going")
         assert result.code == 1, result.text
         out = result.out
-        assert f"git clone failed on node1: fatal: repository '{tmp_path}/no-such.git' does not exist" in out, out
+        missing = f"fatal: repository '{tmp_path}/no-such.git' does not exist"
+        assert f"git clone failed on node1 (exit 128): {missing}" in out, out
         assert "not a network error, so not retried" in out
         assert "git clone failed on node1 after 2 attempt(s)" in out and "check that node1 reaches" in out
         assert "RUNNER-GIT" not in result.text
         logs = project.path / ".runner" / "logs"
         assert "attempt 1 of 3 failed" not in "".join(p.read_text() for p in logs.rglob("wrong.log"))
-        assert "attempt 1 of 2 failed; retrying" in "".join(p.read_text() for p in logs.rglob("offline.log"))
+        assert "clone attempt 1 of 2 failed (" in "".join(p.read_text() for p in logs.rglob("offline.log"))
         head = subprocess.run(
             ["git", "-C", str(home / rel / "clone"), "rev-parse", "HEAD"], capture_output=True, text=True
         )

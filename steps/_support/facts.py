@@ -1,9 +1,27 @@
-"""What a preflight asks of a machine and what it answers (steps/_support/machine.py reads them here, and
-remote.py there, in one round trip)."""
+"""What a kind asks of a machine: a preflight's FactQuery and what it answers (steps/_support/machine.py reads
+them here, and remote.py there, in one round trip), and a kind's own :class:`Fact` (a clone's origin and HEAD)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from steps.base import StepContext
+
+T = TypeVar("T", covariant=True)
+
+
+class Fact(Protocol[T]):
+    """A read-only query a kind asks a machine, written once: `here` reads this machine in-process (a converged
+    probe stays as fast as a file read), `script` is the same question as POSIX sh for another (one round trip),
+    and `parse` reads its answer into what `here` returns."""
+
+    def here(self, ctx: StepContext) -> T: ...
+
+    def script(self) -> str: ...
+
+    def parse(self, code: int, out: str) -> T: ...
 
 
 @dataclass

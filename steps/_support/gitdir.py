@@ -7,7 +7,13 @@ The git kind's probe uses only this, so a converged apply costs a few file reads
 from __future__ import annotations
 
 import configparser
+import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from steps.base import StepContext
 
 # what git says when the network, not the request, failed: such a failure is retried (here and on a host)
 NETWORK_ERRORS = (
@@ -91,3 +97,91 @@ def same_url(a: str | None, b: str | None) -> bool:
         return url[:-4] if url.endswith(".git") else url
 
     return a is not None and b is not None and norm(a) == norm(b)
+
+
+@dataclass
+class Clone:
+    """What a clone's directory is: "none" (nothing, or an empty directory), "notgit" (something else), or
+    "clone" with its origin, HEAD and branch; `remote` is the origin's head of the ref asked for ("" when the
+    origin did not answer), None when not asked."""
+
+    state: str
+    url: str | None = None
+    commit: str | None = None
+    branch: str | None = None
+    remote: str | None = None
+
+
+@dataclass
+class CloneFact:
+    """The git kind's probe as a fact (steps/_support/facts.py): here from `.git` in-process, with no git process
+    unless `ask_ref` asks the origin; there one script, with that machine's git."""
+
+    dest: str  # as the spec says it: on another machine `~/` is its home and a relative path the login directory's
+    url: str  # the origin asked with `ask_ref` (here; there the clone's own origin is asked)
+    ask_ref: str | None = None  # a branch name or HEAD: ask the origin where it is now
+
+    def here(self, ctx: StepContext) -> Clone:
+        dest = ctx.resolve(self.dest)
+        gitdir = git_dir(dest)
+        if gitdir is None:
+            busy = dest.is_dir() and any(dest.iterdir()) if dest.is_dir() else os.path.lexists(dest)
+            return Clone("notgit" if busy else "none")
+        commit, branch = head(gitdir)
+        found = Clone("clone", origin_url(gitdir), commit, branch)
+        if self.ask_ref is not None:
+            found.remote = _ls_remote(ctx, self.url, self.ask_ref)
+        return found
+
+    def script(self) -> str:
+        from steps._support.remote import glob_word
+        from steps._support.ssh import quote
+
+        word = glob_word(self.dest) if self.dest.startswith("~") else quote(self.dest)
+        lines = [
+            f"cd {word} 2>/dev/null || {{ echo NONE; exit 0; }}",
+            '[ -n "$(ls -A)" ] || { echo NONE; exit 0; }',
+            '[ "$(git rev-parse --show-toplevel 2>/dev/null)" = "$(pwd -P)" ] || { echo NOTGIT; exit 0; }',
+            'echo "URL $(git config --get remote.origin.url)"',
+            'echo "HEAD $(git rev-parse -q --verify HEAD)"',
+            'echo "BRANCH $(git symbolic-ref -q --short HEAD)"',
+        ]
+        if self.ask_ref is not None:
+            what = "HEAD" if self.ask_ref == "HEAD" else f"refs/heads/{self.ask_ref}"
+            ask = f"GIT_TERMINAL_PROMPT=0 git ls-remote origin {quote(what)} 2>/dev/null"
+            lines.append(f'echo "REMOTE $({ask} | head -n 1 | cut -f1)"')
+        return "\n".join(lines)
+
+    def parse(self, code: int, out: str) -> Clone:
+        said: dict[str, str] = {}
+        for line in out.splitlines():
+            key, _, value = line.partition(" ")
+            said[key] = value.strip()
+        if "NONE" in said:
+            return Clone("none")
+        if "NOTGIT" in said:
+            return Clone("notgit")
+        remote = said.get("REMOTE") if self.ask_ref is not None else None
+        return Clone("clone", said.get("URL") or None, said.get("HEAD") or None, said.get("BRANCH") or None, remote)
+
+
+def _ls_remote(ctx: StepContext, url: str, ref: str) -> str:
+    """Where the origin's ref is now (git ls-remote): its commit, "" when it has no such ref."""
+    import subprocess
+
+    from steps.base import StepError
+
+    try:
+        proc = subprocess.run(
+            ["git", "ls-remote", url, ref if ref == "HEAD" else f"refs/heads/{ref}"],
+            capture_output=True,
+            text=True,
+            timeout=ctx.timeout or 60,
+            env={**ctx.env, "GIT_TERMINAL_PROMPT": "0", "GIT_ASKPASS": "/bin/true", "LC_ALL": "C"},
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise StepError(f"git ls-remote {url} failed: {exc}") from None
+    if proc.returncode != 0:
+        raise StepError(f"git ls-remote {url} failed: {proc.stderr.strip()[-300:]}")
+    lines = proc.stdout.strip().splitlines()
+    return lines[0].split()[0] if lines else ""

@@ -12,6 +12,14 @@ What a machine offers a kind, each the same in meaning on both:
   symbolic links, never a directory, never through a link).
 - `sweep(tag)`: stop what a step left running there, by its process tag.
 - `check()`: raise StepError when the machine cannot be reached (plan says such a step would fail).
+- `fact(ctx, fact)`: a read-only query (steps/_support/facts.py :class:`Fact`): here in-process, there its script
+  in one round trip, parsed the same.
+- `ask(ctx, argv, cwd)`: a short command whose output is read, not logged (`git rev-parse`): (exit code, stdout).
+- `path(ctx, path)`: a path as an absolute one there (relative: from the pipeline's directory here, from the
+  login directory there; `~/` is that machine's home).
+- `entry(ctx, path)`: "none", "empty" (an empty directory), "dir" or "file" (links followed).
+- `names(ctx, directory)`, `make_dirs(ctx, path)`, `remove_tree(ctx, path)`, `move(ctx, src, dst)` (False when
+  `dst` is there already: never into it).
 
 Paths: on this machine relative paths are from the pipeline file's directory (`cwd` too); on another, from the
 login directory, or from `cwd` for `creates` and `inputs`.
@@ -19,16 +27,19 @@ login directory, or from `cwd` for `creates` and `inputs`.
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
+import posixpath
 import shutil
+import subprocess
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from steps._support import remote, ssh
-from steps._support.facts import FactQuery, Facts
+from steps._support.facts import Fact, FactQuery, Facts, T
 from steps._support.files import content_digest, expand, remove_created
 from steps._support.process import Completed, run_process
 from steps._support.words import argv_of
@@ -79,6 +90,60 @@ class Machine:
                 found.sysctl[key] = None
         return found
 
+    def fact(self, ctx: StepContext, fact: Fact[T]) -> T:
+        return fact.here(ctx)
+
+    def ask(
+        self, ctx: StepContext, argv: Sequence[str], cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> tuple[int, str]:
+        try:
+            proc = subprocess.run(
+                list(argv),
+                cwd=cwd or ctx.pipeline_dir,
+                env={**ctx.env, **(env or {})},
+                capture_output=True,
+                text=True,
+                timeout=ctx.timeout or 120,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return 127, str(exc)
+        return proc.returncode, proc.stdout
+
+    def path(self, ctx: StepContext, path: str) -> str:
+        return os.fspath(ctx.resolve(path))
+
+    def entry(self, ctx: StepContext, path: str) -> str:
+        if os.path.isdir(path):
+            try:
+                return "dir" if os.listdir(path) else "empty"
+            except OSError:
+                return "dir"
+        return "file" if os.path.lexists(path) else "none"
+
+    def names(self, ctx: StepContext, directory: str) -> list[str]:
+        try:
+            return sorted(os.listdir(directory))
+        except OSError:
+            return []
+
+    def make_dirs(self, ctx: StepContext, path: str) -> None:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise StepError(f"cannot make {path}: {exc.strerror}") from None
+
+    def remove_tree(self, ctx: StepContext, path: str) -> None:
+        shutil.rmtree(path, ignore_errors=True)
+
+    def move(self, ctx: StepContext, src: str, dst: str) -> bool:
+        try:
+            os.rename(src, dst)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise StepError(f"cannot move {src} to {dst}: {exc.strerror}") from None
+            return False
+        return True
+
     def workdir(self, ctx: StepContext, cwd: str | None) -> str:
         """Where a command with this `cwd` runs, as the step's `cwd` output says it."""
         return os.fspath(ctx.resolve(cwd) if cwd else ctx.pipeline_dir)
@@ -93,15 +158,17 @@ class Machine:
         stop_signal: str = "TERM",
         grace: float = 3.0,
         quiet: bool = False,
+        on_transient: Callable[[str], None] | None = None,
     ) -> Completed:
-        """`quiet`: its output goes to no log and no screen (a secret being read)."""
+        """`quiet`: its output goes to no log and no screen (a secret being read); `on_transient`: the lines a
+        carriage return ends (git's progress)."""
         where = ctx.resolve(cwd) if cwd else ctx.pipeline_dir
         full = {**ctx.env, **(env or {})}
         if "PWD" in full:
             full["PWD"] = str(where)
         if quiet:
             ctx = replace(ctx, log_path=None, on_output=lambda line: None)
-        return run_process(argv_of(command), ctx, cwd=where, env=full)
+        return run_process(argv_of(command), ctx, cwd=where, env=full, on_transient=on_transient)
 
     def failure(self, code: int, command: str | list[str], tail: Sequence[str], what: str = "command") -> StepError:
         shown = command if isinstance(command, str) else " ".join(command)
@@ -150,6 +217,66 @@ class SshMachine(Machine):
     def facts(self, ctx: StepContext, query: FactQuery) -> Facts:
         return remote.facts(ctx, self.target, query)
 
+    def fact(self, ctx: StepContext, fact: Fact[T]) -> T:
+        code, out = ssh.quick(self.target, fact.script() + "\n", timeout=ctx.timeout or 120)
+        return fact.parse(code, out)
+
+    def _quick(self, script: str) -> tuple[int, str]:
+        return ssh.quick(self.target, script + "\n")
+
+    def ask(
+        self, ctx: StepContext, argv: Sequence[str], cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> tuple[int, str]:
+        cd = f"cd {ssh.quote(cwd)} || exit 1; " if cwd else ""
+        exports = ssh.exports(dict(env or {}))
+        return self._quick(f"{exports}\n{cd}exec {remote.join(list(argv))} 2>/dev/null")
+
+    _home: str | None = None
+
+    def path(self, ctx: StepContext, path: str) -> str:
+        if path.startswith("/"):
+            return posixpath.normpath(path)
+        if self._home is None:
+            code, out = self._quick('printf "%s\\n" "$HOME"')
+            home = out.strip().splitlines()[-1] if code == 0 and out.strip() else ""
+            if not home.startswith("/"):
+                raise StepError(f"cannot tell the home directory{self.where}")
+            self._home = home
+        rest = path[2:] if path.startswith("~/") else ("" if path == "~" else path)
+        return posixpath.normpath(posixpath.join(self._home, rest))
+
+    def entry(self, ctx: StepContext, path: str) -> str:
+        p = ssh.quote(path)
+        code, out = self._quick(
+            f'if [ -d {p} ]; then if [ -n "$(ls -A -- {p} 2>/dev/null)" ]; then echo dir; else echo empty; fi; '
+            f"elif [ -e {p} ] || [ -L {p} ]; then echo file; else echo none; fi"
+        )
+        said = out.strip().splitlines()[-1] if out.strip() else ""
+        if said not in ("none", "empty", "dir", "file"):
+            raise StepError(f"cannot look at {path}{self.where}: {out.strip()[-200:]}")
+        return said
+
+    def names(self, ctx: StepContext, directory: str) -> list[str]:
+        code, out = self._quick(f"cd {ssh.quote(directory)} 2>/dev/null && ls -A")
+        return sorted(out.splitlines()) if code == 0 else []
+
+    def make_dirs(self, ctx: StepContext, path: str) -> None:
+        code, out = self._quick(f"mkdir -p -- {ssh.quote(path)}")
+        if code != 0:
+            raise StepError(f"cannot make {path}{self.where}: {out.strip()[-200:]}")
+
+    def remove_tree(self, ctx: StepContext, path: str) -> None:
+        self._quick(f"rm -rf -- {ssh.quote(path)}")
+
+    def move(self, ctx: StepContext, src: str, dst: str) -> bool:
+        a, b = ssh.quote(src), ssh.quote(dst)
+        code, out = self._quick(f"if [ -d {b} ]; then rmdir -- {b} 2>/dev/null || exit 17; fi; mv -- {a} {b}")
+        if code == 17:
+            return False
+        if code != 0:
+            raise StepError(f"cannot move {src} to {dst}{self.where}: {out.strip()[-200:]}")
+        return True
+
     def run(
         self,
         ctx: StepContext,
@@ -160,9 +287,18 @@ class SshMachine(Machine):
         stop_signal: str = "TERM",
         grace: float = 3.0,
         quiet: bool = False,
+        on_transient: Callable[[str], None] | None = None,
     ) -> Completed:
         return remote.run(
-            ctx, self.target, command, cwd=cwd, env=env, stop_signal=stop_signal, grace=grace, quiet=quiet
+            ctx,
+            self.target,
+            command,
+            cwd=cwd,
+            env=env,
+            stop_signal=stop_signal,
+            grace=grace,
+            quiet=quiet,
+            on_transient=on_transient,
         )
 
     def failure(self, code: int, command: str | list[str], tail: Sequence[str], what: str = "command") -> StepError:

@@ -474,3 +474,18 @@ def _line_boundary(data: bytes) -> int:
     newline = data.rfind(b"\n")
     ret = data.rfind(b"\r", 0, len(data) - 1)
     return max(newline, ret) + 1
+
+
+def log_line(ctx: StepContext, text: str) -> None:
+    """A line of runner's own in the step's log and output (a retry said), masked as the child's output is."""
+    line = ctx.mask(text)
+    ctx.on_output(line)
+    if ctx.log_path:
+        try:
+            fd = _open_log(ctx.log_path)
+        except OSError:
+            return
+        try:
+            os.write(fd, (line + "\n").encode("utf-8", "replace"))
+        finally:
+            os.close(fd)

@@ -4,7 +4,7 @@ checks of `creates`/`inputs` there in one round trip, and errors that name the h
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -62,6 +62,7 @@ def run(
     stop_signal: str = "TERM",
     grace: float = 3.0,
     quiet: bool = False,
+    on_transient: Callable[[str], None] | None = None,
 ) -> Completed:
     """Run a step's command on the host, its output streamed to the step's log as a local one's is. The command
     stops when runner stops it (timeout, Ctrl-C) or dies: the script's stdin is the line that holds it."""
@@ -70,7 +71,9 @@ def run(
     remote, data = ssh.payload(script)
     runner_ctx = replace(ctx, log_path=None, on_output=lambda line: None) if quiet else ctx
     try:
-        result = run_process(ssh.command_argv(target, remote), runner_ctx, env=ssh.local_env(), stdin=data)
+        result = run_process(
+            ssh.command_argv(target, remote), runner_ctx, env=ssh.local_env(), stdin=data, on_transient=on_transient
+        )
     except StepError as exc:  # timed out or interrupted: the connection was cut, and with it the command there
         if not exc.message.startswith("command "):
             raise
