@@ -184,8 +184,9 @@ class GitStep(StepKind[GitSpec]):
         """The clone's top directory when `dest` is one (not a directory inside another clone)."""
         if not ctx.host:  # in-process: the .git reader
             return dest if git_dir(Path(dest)) is not None else None
-        code, out = machine_for(ctx.host).ask(ctx, ["git", "rev-parse", "--show-toplevel"], cwd=dest, env=_GIT_ENV)
-        return dest if code == 0 and out.strip() == dest else None
+        same = '[ "$(git rev-parse --show-toplevel 2>/dev/null)" = "$(pwd -P)" ]'  # links in the path resolved
+        code, _ = machine_for(ctx.host).ask(ctx, ["sh", "-c", same], cwd=dest, env=_GIT_ENV)
+        return dest if code == 0 else None
 
     def _rev(self, ctx: StepContext, repo: str, expr: str) -> str | None:
         code, out = machine_for(ctx.host).ask(ctx, ["git", "rev-parse", "--verify", "--quiet", expr], repo, _GIT_ENV)
