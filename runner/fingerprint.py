@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from runner.causes import Change
-from steps._support.hashing import canonical, digest
+from runner.util.hashing import canonical, digest
 
 __all__ = ["FINGERPRINT_VERSION", "canonical", "digest", "spec_changes", "step_fingerprint"]
 

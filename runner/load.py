@@ -18,8 +18,8 @@ from pydantic import BaseModel, ValidationError
 from runner.errors import InputError, suggest
 from runner.marks import MarkedData, Path_, dotted
 from runner.model import COMMON_FIELDS, TOP_LEVEL_FIELDS, Pipeline, PipelineHeader, StepCommon, StepDecl
+from runner.util.text import is_template
 from steps import KINDS, kind_class
-from steps._support.words import is_template
 
 MAX_NODES = 100_000  # values aliases may add (an alias bomb, "billion laughs", stops here); a plain file is
 # bounded by MAX_BYTES alone

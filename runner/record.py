@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from steps._support.hashing import digest
+from runner.util.hashing import digest
 
 # The statuses a record can have: a step is running (or its runner died inside it), done, failed, or was
 # interrupted by a signal.

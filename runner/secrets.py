@@ -234,7 +234,7 @@ class SecretStore:
 
     def put(self, name: str, values: dict[str, str] | None) -> None:
         from runner.errors import StateError
-        from steps._support.files import atomic_write
+        from runner.util.atomic import atomic_write
 
         with self._lock:
             if values:

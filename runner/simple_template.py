@@ -21,7 +21,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from steps._support.words import TRUE_WORDS
+from runner.util.text import TRUE_WORDS
 
 MAX_RENDERED = 1_000_000  # characters one template may produce
 MAX_ARGUMENT = 1_000_000  # the largest number a template may pass to a call (a width, a count)

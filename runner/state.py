@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from runner.errors import LockedError, StateError
-from steps._support import faults
-from steps._support.files import atomic_write
+from runner.util import faults
+from runner.util.atomic import atomic_write
 
 SCHEMA_VERSION = 1
 BACKUP = "state.json.backup"  # the last snapshot that was written and read back whole

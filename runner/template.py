@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from runner.marks import MarkedData
     from runner.model import StepDecl
 
-from steps._support.interpreter import this_python
-from steps._support.words import TEMPLATE_MARKERS, is_template
+from runner.util.interpreter import this_python
+from runner.util.text import TEMPLATE_MARKERS, is_template
 
 __all__ = [
     "MAX_ARGUMENT",

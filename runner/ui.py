@@ -15,7 +15,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, TextIO
 
-from steps._support.words import printable
+from runner.util.text import printable
 
 if TYPE_CHECKING:
     from runner.events import Decision, Result

@@ -23,9 +23,9 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from runner.util.text import FALSE_WORDS, TRUE_WORDS, is_template
 from steps._support.facts import FactQuery
 from steps._support.machine import machine_for
-from steps._support.words import FALSE_WORDS, TRUE_WORDS, is_template
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind
 
 

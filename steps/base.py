@@ -169,7 +169,7 @@ class StepContext:
     # set False by an apply that found the system already as the spec says (a forced clone at its commit):
     # the step then reports `ok`, not `changed`
     changed: bool = True
-    # the tag every process this run of the step starts carries in its environment (steps/_support/sweep.py);
+    # the tag every process this run of the step starts carries in its environment (runner/util/sweep.py);
     # "" outside an apply
     process_tag: str = ""
     forced: bool = False  # named by `apply --force`: replace what is there even if runner did not make it

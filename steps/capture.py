@@ -19,9 +19,9 @@ from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
+from runner.util.text import argv_of
 from steps._support import remote
 from steps._support.machine import machine_for
-from steps._support.words import argv_of
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
 

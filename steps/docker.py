@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field, field_validator
 
-from steps._support import faults
+from runner.util import faults
 from steps._support.docker_engine import (
     answers,
     api_error_text,
@@ -250,7 +250,7 @@ class DockerStep(StepKind[DockerSpec]):
         }
 
     def config_hash(self, ctx: StepContext) -> str:
-        from steps._support.hashing import digest
+        from runner.util.hashing import digest
 
         return f"v{CONFIG_VERSION}:" + digest({"v": CONFIG_VERSION, **self.config(ctx)})
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from steps._support.interpreter import this_python
+from runner.util.interpreter import this_python
 from steps._support.process import run_process
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import RootModel, field_validator
 
-from steps._support.files import atomic_write
+from runner.util.atomic import atomic_write
 from steps.base import Probe, StepContext, StepKind, env_mapping
 
 NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from steps._support import faults
+from runner.util import faults
 from steps._support.gitdir import NETWORK_ERRORS, CloneFact, git_dir, same_url
 from steps._support.machine import machine_for
 from steps._support.process import log_line
@@ -223,7 +223,7 @@ class GitStep(StepKind[GitSpec]):
 
         from tenacity import retry_if_exception, wait_exponential  # only to clone
 
-        from steps._support.retry import retrying
+        from runner.util.retry import retrying
 
         tries = retrying(
             attempts=spec.attempts,

@@ -36,12 +36,12 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from runner.util.text import argv_of
 from steps._support import remote
 from steps._support.files import check_patterns, expand, remove_created
 from steps._support.process import run_process
 from steps._support.ray_jobs import RayJob, RaySpec
 from steps._support.supervise import TOKEN_VARIABLE, carries, start_time, write
-from steps._support.words import argv_of
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping, machine_named
 
 if TYPE_CHECKING:

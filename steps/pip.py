@@ -39,9 +39,10 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
+from runner.util.interpreter import this_python
+from runner.util.text import is_template
 from steps._support.files import content_digest
 from steps._support.installer import find_uv, pip_settings, uv_arguments
-from steps._support.interpreter import this_python
 from steps._support.process import run_process
 from steps._support.python_env import (
     SIMPLE_REQUIREMENT,
@@ -57,7 +58,6 @@ from steps._support.python_env import (
     remember_satisfied,
     verdict_key,
 )
-from steps._support.words import is_template
 from steps.base import Change, Probe, SpecModel, StepContext, StepError, StepKind, machine_named
 
 INHERIT_PTH = "_runner_inherit.pth"

@@ -1,6 +1,6 @@
 """kill -9 at many points of an apply across the kinds, then apply again: nothing lost, nothing done twice.
 
-The kill points are named crash points in the code (RUNNER_FAULT=NAME:N, steps/_support/faults.py: after a step's
+The kill points are named crash points in the code (RUNNER_FAULT=NAME:N, runner/util/faults.py: after a step's
 start is recorded, after its work and before its result is recorded, in the middle of a journal append,
 before a snapshot's rename, between a clone and its rename into place, between removing a container and
 creating its successor) and kills at moments picked by the clock. After each: the state loads, the next

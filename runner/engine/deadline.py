@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from steps._support import sweep
+from runner.util import sweep
 from steps.base import StepError
 
 KIND_FIRST = 0.5  # seconds past the timeout a kind that keeps it itself gets to say so in its own words

@@ -19,9 +19,9 @@ from runner.model import StepDecl
 from runner.record import STARTED, StepRecord
 from runner.state import now
 from runner.template import RenderError, render_string
+from runner.util import faults, sweep
+from runner.util.text import is_template
 from steps import kind_class
-from steps._support import faults, sweep
-from steps._support.words import is_template
 from steps.base import StepError
 
 STATUS_OUTCOME: dict[Status, Outcome] = {
@@ -239,7 +239,7 @@ class Executing(Walking):
 
         from tenacity import retry_if_exception_type, wait_fixed  # only when a step runs: not on a converged run
 
-        from steps._support.retry import retrying
+        from runner.util.retry import retrying
 
         retries = retrying(
             attempts=common.retries + 1,

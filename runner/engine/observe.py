@@ -8,7 +8,7 @@ from runner.engine.prepare import Prepared, Removals
 from runner.events import Decision
 from runner.fingerprint import spec_changes
 from runner.record import STARTED, StepRecord
-from steps._support import sweep
+from runner.util import sweep
 from steps.base import Probe, StepError
 
 

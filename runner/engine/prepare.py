@@ -29,8 +29,8 @@ from runner.template import (
     secret_parts,
     when_source,
 )
+from runner.util.text import FALSE_WORDS, TRUE_WORDS
 from steps import kind_class
-from steps._support.words import FALSE_WORDS, TRUE_WORDS
 from steps.base import StepContext, StepError, StepKind
 
 ITEM_KEY = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")

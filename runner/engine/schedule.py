@@ -23,8 +23,8 @@ from runner.engine.walk import Outcome
 from runner.events import Result
 from runner.model import StepDecl
 from runner.state import check_writable, pipeline_lock
+from runner.util import sweep
 from steps import kind_class
-from steps._support import sweep
 
 RUN_ID = re.compile(r"\d{8}-\d{6}-\d+")  # as EngineBase makes them: 20261203-234843-5193
 KEPT_RUNS = 20

@@ -7,17 +7,15 @@ import contextlib
 import glob
 import hashlib
 import json
-import os
 import stat
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from steps._support import faults
-from steps._support.words import is_template
+from runner.util.atomic import atomic_write
+from runner.util.text import is_template
 
 if TYPE_CHECKING:
     from steps.base import StepContext
@@ -211,32 +209,6 @@ def _hash_cache(state_dir: Path) -> _HashCache:
         if cache is None:
             cache = _caches[str(state_dir)] = _HashCache(state_dir / "cache" / "hashes.json")
         return cache
-
-
-def atomic_write(path: Path, text: str, mode: int = 0o644, crash_point: str | None = None) -> None:
-    """Write `text` to `path` so that a reader sees the old file or the new one, never a torn one: a unique
-    temporary sibling, fsync, chmod `mode`, rename, fsync of the directory. `crash_point` names the
-    reliability tests' kill point just before the rename (steps/_support/faults.py)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        if crash_point:
-            faults.point(crash_point)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    with contextlib.suppress(OSError):
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
 
 
 def remove_created(ctx: StepContext, patterns: list[str], dry_run: bool) -> list[str]:

@@ -38,11 +38,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from runner.util.text import argv_of
 from steps._support import remote, ssh
 from steps._support.facts import Fact, FactQuery, Facts, T
 from steps._support.files import content_digest, expand, remove_created
 from steps._support.process import Completed, run_process
-from steps._support.words import argv_of
 from steps.base import StepContext, StepError
 
 
@@ -181,7 +181,7 @@ class Machine:
         return "; ".join(remove_created(ctx, patterns, dry_run)) or None
 
     def sweep(self, tag: str) -> list[tuple[int, str]]:
-        """Here the engine sweeps by itself (steps/_support/sweep.py, with the processes' own words)."""
+        """Here the engine sweeps by itself (runner/util/sweep.py, with the processes' own words)."""
         return []
 
 

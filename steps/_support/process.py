@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steps._support import sweep
+from runner.util import sweep
 from steps.base import StepContext, StepError
 
 TAIL_LINES = 20

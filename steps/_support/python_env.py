@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from steps._support.files import atomic_write
+from runner.util.atomic import atomic_write
 from steps.base import StepError
 
 QUERY = r"""

@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from runner.util.text import argv_of
 from steps._support import ssh
 from steps._support.facts import FactQuery, Facts
 from steps._support.process import Completed, run_process
-from steps._support.words import argv_of
 from steps.base import StepContext, StepError
 
 HOST_DESCRIPTION = (
@@ -46,7 +46,7 @@ def variables(ctx: StepContext, extra: Mapping[str, str]) -> dict[str, str]:
     `env`, and the step's process tag. Not this machine's whole environment: PATH and HOME are the host's."""
     out = {**ctx.exported, **extra}
     if ctx.process_tag:
-        from steps._support import sweep
+        from runner.util import sweep
 
         out[sweep.VARIABLE] = ctx.process_tag
     return out
@@ -166,7 +166,7 @@ def observe(
 def sweep(target: str, tag: str) -> list[tuple[int, str]]:
     """Stop, on the host, every process carrying the step's tag in its environment (what a failed, interrupted or
     crashed run of the step left there outside its process group: a setsid'd child, a daemon), TERM then KILL
-    after 2 s, as steps/_support/sweep.py does here. Returns (pid, command) of what was found; nothing when the
+    after 2 s, as runner/util/sweep.py does here. Returns (pid, command) of what was found; nothing when the
     host cannot be reached (said by the step's own error)."""
     if not re.fullmatch(r"[0-9a-f]{8,64}", tag):
         return []

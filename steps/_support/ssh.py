@@ -144,7 +144,7 @@ def command_argv(target: str, remote: str) -> list[str]:
 def local_env() -> dict[str, str]:
     """The environment of the master: no step's tag (it serves the whole run and later ones, and the sweep after a
     failed step must not cut every other step's connection)."""
-    from steps._support import sweep
+    from runner.util import sweep
 
     env = dict(os.environ)
     env.pop(sweep.VARIABLE, None)
