@@ -10,9 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from runner import words
-from runner.engine.plan import Planning
-from runner.engine.prepare import Prepared
-from runner.engine.schedule import Scheduling
+from runner.engine.base import RunState
+from runner.engine.execute import Executor
+from runner.engine.observe import Observer
+from runner.engine.plan import Planner
+from runner.engine.prepare import Prepared, Preparer, Removals
 from runner.errors import InputError
 from runner.events import Decision
 from runner.model import StepDecl
@@ -22,63 +24,81 @@ from steps import kind_class
 from steps.base import StepContext, StepError, StepKind
 
 
-class Admin(Planning, Scheduling):
+class Admin:
     """What the other commands ask: explain, forget, mark-done, stop, logs, env."""
+
+    def __init__(
+        self,
+        run: RunState,
+        prep: Preparer,
+        removals: Removals,
+        observer: Observer,
+        planner: Planner,
+        executor: Executor,
+    ) -> None:
+        self.run = run
+        self.prep = prep
+        self.removals = removals
+        self.observer = observer
+        self.planner = planner
+        self.executor = executor
 
     def explain(self, target: str) -> str:
         """One step's full reasoning, as plan would reach it: what it is, what it depends on, its rendered
         spec, its record, and the decision with its reason (like `doit info`). `NAME[key]`: one item of it."""
         name, _, key = target.partition("[")
-        decisions = {d.name: d for d in self.plan()}
-        step = self.pipeline.step(name)
+        decisions = {d.name: d for d in self.planner.plan()}
+        step = self.run.pipeline.step(name)
         lines = [
             f"step {target} ({step.kind}), "
             + ("an item of " if key else "")
-            + f"steps[{step.index}] of {self.pipeline.file}"
+            + f"steps[{step.index}] of {self.run.pipeline.file}"
         ]
         if step.common.description:
             lines.append(f"  description: {step.common.description}")
-        deps = sorted(self.graph.deps[name], key=lambda n: self.pipeline.step(n).index)
+        deps = sorted(self.run.graph.deps[name], key=lambda n: self.run.pipeline.step(n).index)
         lines.append(f"  depends on: {', '.join(deps) if deps else 'nothing'}")
-        dependents = sorted(self.graph.dependents[name], key=lambda n: self.pipeline.step(n).index)
+        dependents = sorted(self.run.graph.dependents[name], key=lambda n: self.run.pipeline.step(n).index)
         lines.append(f"  needed by: {', '.join(dependents) if dependents else 'nothing'}")
         prep: Prepared | None = None
         if key:
             self._reach(name)
             try:
-                items = self.items(step)
+                items = self.prep.items(step)
             except InputError:
                 items = None  # items that do not render yet: said below
             if items is not None:
-                self.check_item_targets(step, items, [target])  # an unknown key: exit 2, with the keys
+                self.prep.check_item_targets(step, items, [target])  # an unknown key: exit 2, with the keys
             try:
                 prep = self._prepare_through(target)
             except InputError as exc:
                 lines.append(f"  spec: cannot render yet ({exc})")
                 return "\n".join(lines)
-            decision: Decision | None = self.decide(prep, crashed_ok=lock_holder(self.pipeline.state_dir) is None)
+            decision: Decision | None = self.observer.decide(
+                prep, crashed_ok=lock_holder(self.run.pipeline.state_dir) is None
+            )
         else:
             decision = decisions.get(name)
         if decision is not None:
             lines.append(f"  decision: {decision.action} - {decision.brief if decision.changes else decision.reason}")
             for change in decision.changes:
                 lines.append(f"    {words.change(change)}")
-        record = self.record(target)
+        record = self.run.record(target)
         self._explain_record(lines, record)
         if step.common.for_each is not None and not key:
             try:
-                items = self.items(step) or []
+                items = self.prep.items(step) or []
             except InputError as exc:
                 lines.append(f"  items: cannot render ({exc})")
             else:
                 lines.append(f"  items: {len(items)} (`runner explain '{name}[KEY]'` for one)")
                 for item in items:
-                    rec = self.record(f"{name}[{item.key}]")
+                    rec = self.run.record(f"{name}[{item.key}]")
                     lines.append(f"    {item.key}: {rec.status if rec else 'no record'}")
             return "\n".join(lines)
         if prep is None:
             try:
-                prep = self.prepare(step)
+                prep = self.prep.prepare(step)
             except InputError as exc:
                 lines.append(f"  spec: cannot render yet ({exc})")
                 return "\n".join(lines)
@@ -99,12 +119,14 @@ class Admin(Planning, Scheduling):
             old = record.upstream.get(dep) if record else None
             moved = "" if record is None or old == value else " (changed since the record)"
             lines.append(f"    upstream {dep}: {value[:16]}{moved}")
-        spec = json.dumps(self.masker.mask_data(prep.spec), indent=2, sort_keys=True, default=str)
+        spec = json.dumps(self.run.masker.mask_data(prep.spec), indent=2, sort_keys=True, default=str)
         lines.append("  spec (rendered):")
         lines += ["    " + line for line in spec.splitlines()]
         if record is not None and record.is_done:
-            probe = self._probe(prep)
-            lines.append(f"  probe: {probe.status}" + (f" - {self.masker.mask(probe.reason)}" if probe.reason else ""))
+            probe = self.observer.probe(prep)
+            lines.append(
+                f"  probe: {probe.status}" + (f" - {self.run.masker.mask(probe.reason)}" if probe.reason else "")
+            )
         return "\n".join(lines)
 
     def _explain_record(self, lines: list[str], record: StepRecord | None) -> None:
@@ -124,16 +146,16 @@ class Admin(Planning, Scheduling):
 
     def forget(self, name: str) -> bool:
         """Drop a step's record (with its items' and its secrets), or only one item's (`NAME[key]`)."""
-        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
-            self.load_state()
-            existed = self.state.record(name) is not None or bool(self.secrets.get(name))
-            items = [] if "[" in name else [n for n in self.state.steps if n.startswith(f"{name}[")]
+        with pipeline_lock(self.run.pipeline.state_dir, notice=self.run.reporter.notice):
+            self.run.load_state()
+            existed = self.run.state.record(name) is not None or bool(self.run.secrets.get(name))
+            items = [] if "[" in name else [n for n in self.run.state.steps if n.startswith(f"{name}[")]
             for item in items:
-                self.state.replace(item, None)
-                self.secrets.put(item, None)
-            self.state.replace(name, None)
-            self.state.compact()
-            self.secrets.put(name, None)
+                self.run.state.replace(item, None)
+                self.run.secrets.put(item, None)
+            self.run.state.replace(name, None)
+            self.run.state.compact()
+            self.run.secrets.put(name, None)
             return existed
 
     def _prepare_through(self, target: str) -> Prepared:
@@ -145,25 +167,25 @@ class Admin(Planning, Scheduling):
             return self._prepare_item(step, key[:-1])
         if step.common.for_each is not None:
             raise InputError(f"{name!r} is a for_each step: name one of its items, {name}[KEY]")
-        prep = self.prepare(step)
+        prep = self.prep.prepare(step)
         if prep is None:
             raise InputError(f"step {name!r} is skipped (`when` is false)")
         return prep
 
     def _reach(self, name: str) -> StepDecl:
         """Adopt the records and render the env steps before `name`, as a run reaches it; its declaration."""
-        for other in self.graph.order():
-            step = self.pipeline.step(other)
-            self._adopt_record(other)
+        for other in self.run.graph.order():
+            step = self.run.pipeline.step(other)
+            self.run.adopt_record(other)
             if other == name:
                 return step
             if step.exports_env:
                 with contextlib.suppress(InputError):
-                    self.prepare(step)
+                    self.prep.prepare(step)
         raise InputError(f"no step named {name!r}")
 
     def _prepare_item(self, step: StepDecl, key: str) -> Prepared:
-        prep = self.prepare(step, item=self.item_named(step, key))
+        prep = self.prep.prepare(step, item=self.prep.item_named(step, key))
         assert prep is not None
         return prep
 
@@ -171,10 +193,10 @@ class Admin(Planning, Scheduling):
         """Accept the live state as done: record the current fingerprint without running the step (every item
         of a for_each step, or the one named `NAME[key]`). Refused, with why, when the next apply would run it
         anyway: a check (an assert is judged on every apply) or a probe that fails now (a missing `creates`)."""
-        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
-            self.load_state()
+        with pipeline_lock(self.run.pipeline.state_dir, notice=self.run.reporter.notice):
+            self.run.load_state()
             name, _, key = target.partition("[")
-            step = self.pipeline.step(name)
+            step = self.run.pipeline.step(name)
             if not kind_class(step.kind).changes_system:
                 raise InputError(
                     f"{name} is an {step.kind} step: it is checked on every apply, so it cannot be marked done; "
@@ -182,10 +204,10 @@ class Admin(Planning, Scheduling):
                 )
             if step.common.for_each is not None and not key:
                 self._reach(name)
-                items = self.items(step)
+                items = self.prep.items(step)
                 if items is None:
                     raise InputError(f"step {name!r} is skipped (`when` is false)")
-                preps = [self.prepare(step, item=item) for item in items]
+                preps = [self.prep.prepare(step, item=item) for item in items]
             else:
                 preps = [self._prepare_through(target)]
                 items = None
@@ -195,37 +217,37 @@ class Admin(Planning, Scheduling):
                 try:
                     outputs = prep.instance.adopt(prep.ctx)
                 except StepError as exc:
-                    raise StepError(f"{prep.key}: not marked done: {self.masker.mask(exc.message)}") from None
+                    raise StepError(f"{prep.key}: not marked done: {self.run.masker.mask(exc.message)}") from None
                 if outputs is not None:
                     adopted[prep.key] = outputs
                     continue
-                found = self._probe(prep)
+                found = self.observer.probe(prep)
                 if found.status != "ok":
                     raise StepError(
-                        f"{prep.key}: not marked done: {self.masker.mask(found.reason) or found.status}; "
+                        f"{prep.key}: not marked done: {self.run.masker.mask(found.reason) or found.status}; "
                         "the next apply would run it anyway"
                     )
             for prep in preps:
                 assert prep is not None
                 marked = StepRecord.marked_done(
-                    self.record(prep.key),
+                    self.run.record(prep.key),
                     kind=prep.step.kind,
                     fingerprint=prep.fingerprint,
-                    spec=self.masker.mask_data(prep.spec),
+                    spec=self.run.masker.mask_data(prep.spec),
                     upstream=prep.upstream,
                     when=now(),
-                    run=self.run_id,
+                    run=self.run.run_id,
                     outputs=self._masked(adopted[prep.key]) if prep.key in adopted else None,
                 )
-                self.state.replace(prep.key, marked.to_dict())
+                self.run.state.replace(prep.key, marked.to_dict())
             if items is not None:
-                kept = [self.record(p.key) or StepRecord({}) for p in preps if p is not None]
-                self._gather(step, items, kept, True, 0.0)
-            self.state.compact()
+                kept = [self.run.record(p.key) or StepRecord({}) for p in preps if p is not None]
+                self.executor.gather(step, items, kept, True, 0.0)
+            self.run.state.compact()
             return f"{len(preps)} item(s)" if items is not None else target
 
     def _masked(self, outputs: dict[str, Any]) -> dict[str, Any]:
-        masked = self.masker.mask_data(outputs)
+        masked = self.run.masker.mask_data(outputs)
         assert isinstance(masked, dict)
         return masked
 
@@ -234,22 +256,24 @@ class Admin(Planning, Scheduling):
         stopped; with `purge`, clones, venvs and `creates` files removed), then every record dropped (secrets
         and env.sh too), unless a teardown failed. Returns (step, what was done, failed) for each step that had
         something to say, in the order done; with `dry_run` nothing changes and the words say "would"."""
-        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
-            self.load_state()
+        with pipeline_lock(self.run.pipeline.state_dir, notice=self.run.reporter.notice):
+            self.run.load_state()
             preps: list[tuple[str, Prepared | None, str]] = []
-            for name in self.graph.order():
-                step = self.pipeline.step(name)
-                self._adopt_record(name)
+            for name in self.run.graph.order():
+                step = self.run.pipeline.step(name)
+                self.run.adopt_record(name)
                 try:
                     if step.common.for_each is not None:
-                        for item in self.items(step) or []:
-                            preps.append((f"{name}[{item.key}]", self.prepare(step, item=item), ""))
+                        for item in self.prep.items(step) or []:
+                            preps.append((f"{name}[{item.key}]", self.prep.prepare(step, item=item), ""))
                     else:
-                        preps.append((name, self.prepare(step), ""))
+                        preps.append((name, self.prep.prepare(step), ""))
                 except InputError as exc:
-                    preps.append((name, None, f"left as it is: cannot render it ({self.masker.mask(str(exc))})"))
+                    preps.append((name, None, f"left as it is: cannot render it ({self.run.masker.mask(str(exc))})"))
             said: list[tuple[str, str, bool]] = []
-            for gone in self.removed():  # steps deleted from the pipeline first: nothing of the pipeline needs them
+            for (
+                gone
+            ) in self.removals.removed():  # steps deleted from the pipeline first: nothing of the pipeline needs them
                 if gone.instance is not None and gone.ctx is not None:
                     done = self._teardown(gone.name, gone.instance, gone.ctx, purge, dry_run)
                     said += [(key, f"{text} (removed from the pipeline)", bad) for key, text, bad in done]
@@ -258,18 +282,18 @@ class Admin(Planning, Scheduling):
                     said += self._teardown(key, prep.instance, prep.ctx, purge, dry_run)
                 elif problem:
                     said.append((key, problem, True))
-            records = len(self.state.steps)
+            records = len(self.run.state.steps)
             if any(failed for _, _, failed in said) or dry_run:
                 if dry_run and records:
                     said.append(("(state)", f"would drop {records} record(s), the secrets and env.sh", False))
                 return said
-            for name in list(self.state.steps):
-                self.state.replace(name, None)
-                self.secrets.put(name, None)
-            self.state.compact()
+            for name in list(self.run.state.steps):
+                self.run.state.replace(name, None)
+                self.run.secrets.put(name, None)
+            self.run.state.compact()
             for leftover in ("env.sh", "secrets.json"):
                 with contextlib.suppress(FileNotFoundError):
-                    (self.pipeline.state_dir / leftover).unlink()
+                    (self.run.pipeline.state_dir / leftover).unlink()
             if records:
                 said.append(("(state)", f"dropped {records} record(s), the secrets and env.sh", False))
             return said
@@ -281,26 +305,26 @@ class Admin(Planning, Scheduling):
         try:
             text = instance.teardown(ctx, purge, dry_run)
         except StepError as exc:
-            return [(key, self.masker.mask(exc.message), True)]
+            return [(key, self.run.masker.mask(exc.message), True)]
         except OSError as exc:
-            return [(key, self.masker.mask(f"{exc.strerror or exc} ({exc.filename or ''})"), True)]
-        return [(key, self.masker.mask(text), False)] if text else []
+            return [(key, self.run.masker.mask(f"{exc.strerror or exc} ({exc.filename or ''})"), True)]
+        return [(key, self.run.masker.mask(text), False)] if text else []
 
     def stop(self, name: str) -> str:
         """Stop what a step started (a detached job). Raises StepError when there is nothing to stop."""
-        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
-            self.load_state()
-            gone = self.removed_named(name) if name.split("[", 1)[0] not in self.graph.names else None
+        with pipeline_lock(self.run.pipeline.state_dir, notice=self.run.reporter.notice):
+            self.run.load_state()
+            gone = self.removals.removed_named(name) if name.split("[", 1)[0] not in self.run.graph.names else None
             if gone is not None:
                 if gone.instance is None or gone.ctx is None:
                     raise StepError(f"{name} was removed from the pipeline and its record says too little to stop it")
-                return self.masker.mask(gone.instance.stop(gone.ctx))
+                return self.run.masker.mask(gone.instance.stop(gone.ctx))
             prep = self._prepare_through(name)
-            return self.masker.mask(prep.instance.stop(prep.ctx))
+            return self.run.masker.mask(prep.instance.stop(prep.ctx))
 
     def remote_log(self, name: str, follow: bool) -> Iterator[str] | None:
         """The log of what a step started elsewhere (a Ray job), if it has one."""
-        self.load_state()
+        self.run.load_state()
         try:
             prep = self._prepare_through(name)
         except InputError:
@@ -309,7 +333,7 @@ class Admin(Planning, Scheduling):
 
     def runs_of(self, name: str) -> list[Path]:
         """The step logs of a step (or of a for_each item, `name[key]`) kept in .runner/logs, newest first."""
-        logs = self.pipeline.state_dir / "logs"
+        logs = self.run.pipeline.state_dir / "logs"
         if not logs.is_dir():
             return []
         return [p for p in (run / f"{name}.log" for run in sorted(logs.iterdir(), reverse=True)) if p.is_file()]
@@ -322,14 +346,14 @@ class Admin(Planning, Scheduling):
             if not 1 <= run <= len(runs):
                 raise InputError(f"{name} has {len(runs)} run log(s) kept; --run takes 1 (the latest) to {len(runs)}")
             return runs[run - 1]
-        self.load_state()
+        self.run.load_state()
         candidates: list[Path] = []
         with contextlib.suppress(InputError, StepError):
             prep = self._prepare_through(name)
             path = prep.instance.log_file(prep.ctx)
             if path is not None:
                 candidates.append(path)
-        log = (self.record(name) or StepRecord({})).log or None
+        log = (self.run.record(name) or StepRecord({})).log or None
         if isinstance(log, str) and log:
             candidates.append(Path(log))
         candidates += runs[:1]  # the latest kept run's log, which `--run 1` shows
@@ -337,7 +361,7 @@ class Admin(Planning, Scheduling):
 
     def item_logs(self, name: str) -> list[tuple[str, Path]]:
         """For `runner logs LOOP`: each item's log (latest kept), in the items' recorded order."""
-        record = self.record(name)
+        record = self.run.record(name)
         keys = record.item_keys if record is not None else None
         if keys is None:
             keys = sorted({p.name[len(name) + 1 : -5] for p in self.runs_of_prefix(name)})
@@ -349,20 +373,20 @@ class Admin(Planning, Scheduling):
         return found
 
     def runs_of_prefix(self, name: str) -> list[Path]:
-        logs = self.pipeline.state_dir / "logs"
+        logs = self.run.pipeline.state_dir / "logs"
         if not logs.is_dir():
             return []
         return [p for run in logs.iterdir() for p in run.glob(f"{glob_escape(name)}[[]*].log")]
 
     def exported_env(self) -> dict[str, str]:
         """Every variable the env steps export, rendered with the recorded outputs."""
-        self.load_state()
+        self.run.load_state()
         merged: dict[str, str] = {}
-        for name in self.graph.order():
-            step = self.pipeline.step(name)
-            self._adopt_record(name)
+        for name in self.run.graph.order():
+            step = self.run.pipeline.step(name)
+            self.run.adopt_record(name)
             if step.exports_env:
-                prep = self.prepare(step)
+                prep = self.prep.prepare(step)
                 if prep is not None:
-                    merged.update(self.exports[name])
+                    merged.update(self.run.exports[name])
         return merged

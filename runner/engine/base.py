@@ -35,8 +35,9 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
-class EngineBase:
-    """The run's shared state: the pipeline, records and secrets, what steps produced and exported, the selection."""
+class RunState:
+    """The run's shared state, one object every collaborator of the engine holds: the pipeline, records and
+    secrets, what steps produced and exported, the holds, the cancel, and the selection."""
 
     def __init__(self, pipeline: Pipeline, reporter: Reporter, options: Options | None = None) -> None:
         self.pipeline = pipeline
@@ -57,7 +58,7 @@ class EngineBase:
         self.digests: dict[str, str] = {}
         self.exports: dict[str, dict[str, str]] = {}
         # steps up to date whose service is down on purpose -> how ("stopped", "restart_pending"): what depends
-        # on them and would run is blocked (observe.Deciding.decide)
+        # on them and would run is blocked (Observer.decide)
         self.holding: dict[str, str] = {}
         self.cancel = threading.Event()
         self.hurry = threading.Event()  # a second signal: what still runs gets SIGKILL, no grace
@@ -117,7 +118,7 @@ class EngineBase:
     def record(self, name: str) -> StepRecord | None:
         return StepRecord.of(self.state.record(name))
 
-    def _adopt_record(self, name: str) -> None:
+    def adopt_record(self, name: str) -> None:
         record = self.record(name) or StepRecord({})
         self.outputs[name] = {**record.outputs, **self.secrets.get(name)}
         self.digests[name] = record.output_digest

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from runner.engine import deadline
-from runner.engine.prepare import Item, Prepared
-from runner.engine.walk import Look, Outcome, Walking
+from runner.engine.base import RunState
+from runner.engine.prepare import Item, Prepared, Preparer
+from runner.engine.walk import Look, Outcome, Walk
 from runner.errors import InputError
 from runner.events import Decision, Result, Status
 from runner.fingerprint import digest
@@ -36,25 +37,30 @@ STATUS_OUTCOME: dict[Status, Outcome] = {
 }
 
 
-class Executing(Walking):
+class Executor:
     """Carrying out the walk's decision for one step: retries, timeout, cancel, outputs and its record; a
-    for_each step's items."""
+    for_each step's items. No decision is made here: the walk's stands."""
 
-    def _run_one(self, name: str, outcomes: Mapping[str, Outcome], log_dir: Path) -> Result:
+    def __init__(self, run: RunState, prep: Preparer, walk: Walk) -> None:
+        self.run = run
+        self.prep = prep
+        self.walk = walk
+
+    def run_one(self, name: str, outcomes: Mapping[str, Outcome], log_dir: Path) -> Result:
         started = time.monotonic()
-        looked = self._look(name, outcomes, log_dir, started)
+        looked = self.look_at(name, outcomes, log_dir, started)
         if isinstance(looked, Result):
             return looked
-        return self._execute(*looked)
+        return self.execute(*looked)
 
-    def _look(
+    def look_at(
         self, name: str, outcomes: Mapping[str, Outcome], log_dir: Path, started: float
     ) -> Result | tuple[Prepared, Decision, float, Path]:
         """The walk's decision for a step, and its result when it need not run (up to date, skipped, blocked,
         failed to render); else what `_execute` needs. The scheduler calls it in its own thread for steps whose
         looking is local (no network), so a converged step costs no hand-over to a worker."""
-        step = self.pipeline.step(name)
-        looked = self.look(name, outcomes, planning=False)
+        step = self.run.pipeline.step(name)
+        looked = self.walk.look(name, outcomes, planning=False)
         decision = looked.decision
         if looked.error is not None and not looked.items:
             return self._render_failed(name, looked.error, started, looked.error_item)
@@ -68,11 +74,11 @@ class Executing(Walking):
         if step.common.for_each is not None:
             return self._run_each(step, looked, log_dir, started)
         if decision.action in ("ok", "pending"):  # its record's outputs, adopted by the walk, stand
-            kept = (self.record(name) or StepRecord({})).outputs
+            kept = (self.run.record(name) or StepRecord({})).outputs
             result = Result(
                 name, decision.action, decision.reason, time.monotonic() - started, outputs=kept, cause=decision.cause
             )
-            self.reporter.step_finished(result)
+            self.run.reporter.step_finished(result)
             return result
         assert looked.prep is not None
         return looked.prep, decision, started, log_dir / f"{name}.log"
@@ -81,11 +87,11 @@ class Executing(Walking):
         """One attempt of the kind's apply, within the step's `timeout:` (runner/engine/deadline.py)."""
         timeout = prep.step.common.timeout
         if timeout is None:
-            prep.ctx.cancel = self.cancel
+            prep.ctx.cancel = self.run.cancel
             return prep.instance.apply(prep.ctx)
-        cancel = deadline.StepCancel(self.cancel)
+        cancel = deadline.StepCancel(self.run.cancel)
         prep.ctx.cancel = cancel
-        return deadline.within(lambda: prep.instance.apply(prep.ctx), timeout, cancel, tag, prep.key, self.hurry)
+        return deadline.within(lambda: prep.instance.apply(prep.ctx), timeout, cancel, tag, prep.key, self.run.hurry)
 
     def _render_failed(self, name: str, exc: InputError | StepError, started: float, item: str = "") -> Result:
         prefix = f"item {item}: " if item else ""
@@ -94,13 +100,13 @@ class Executing(Walking):
         return self._report(self._not_looked_at(name, exc, started, prefix))
 
     def _not_looked_at(self, name: str, exc: StepError, started: float, prefix: str = "") -> Result:
-        interrupted = self.cancel.is_set()
+        interrupted = self.run.cancel.is_set()
         status: Status = "interrupted" if interrupted else "failed"
-        message = "interrupted" if interrupted else prefix + self.masker.mask(exc.message)
-        return Result(name, status, "", time.monotonic() - started, error=message, hint=self.masker.mask(exc.hint))
+        message = "interrupted" if interrupted else prefix + self.run.masker.mask(exc.message)
+        return Result(name, status, "", time.monotonic() - started, error=message, hint=self.run.masker.mask(exc.hint))
 
     def _report(self, result: Result) -> Result:
-        self.reporter.step_finished(result)
+        self.run.reporter.step_finished(result)
         return result
 
     def _run_each(self, step: StepDecl, looked: Look, log_dir: Path, started: float) -> Result:
@@ -111,10 +117,10 @@ class Executing(Walking):
         ran = 0
         kept: list[StepRecord] = []
         for (prep, decision), item in zip(looked.items, items, strict=False):
-            self.reporter.progress(name, item.index, len(items), "items")
+            self.run.reporter.progress(name, item.index, len(items), "items")
             if decision.action not in ("ok", "pending"):
                 log_path = log_dir / f"{name}[{item.key}].log"
-                outcome = self._execute(prep, decision, time.monotonic(), log_path)
+                outcome = self.execute(prep, decision, time.monotonic(), log_path)
                 if outcome.status not in ("ok", "changed"):
                     return Result(
                         name,
@@ -127,11 +133,11 @@ class Executing(Walking):
                         attempts=outcome.attempts,
                     )
                 ran += 1
-            kept.append(self.record(prep.key) or StepRecord({}))
+            kept.append(self.run.record(prep.key) or StepRecord({}))
         if looked.error is not None:  # an item that did not render: the ones before it ran
             return self._render_failed(name, looked.error, started, looked.error_item)
-        self.reporter.progress(name, len(items), len(items), "items")
-        self._gather(step, items, kept, ran > 0, time.monotonic() - started)
+        self.run.reporter.progress(name, len(items), len(items), "items")
+        self.gather(step, items, kept, ran > 0, time.monotonic() - started)
         keys = [i.key for i in items]
         changes = kind_class(step.kind).changes_system
         duration = time.monotonic() - started
@@ -141,21 +147,21 @@ class Executing(Walking):
             result = Result(name, "changed" if changes else "ok", summary, duration, note=summary, outputs=shown)
         else:
             result = Result(name, "ok", f"{len(items)} items up to date", duration, outputs=shown)
-        self.reporter.step_finished(result)
+        self.run.reporter.step_finished(result)
         return result
 
-    def _gather(self, step: StepDecl, items: list[Item], kept: list[StepRecord], ran: bool, duration: float) -> None:
+    def gather(self, step: StepDecl, items: list[Item], kept: list[StepRecord], ran: bool, duration: float) -> None:
         """A for_each step's own record from its items' (when something moved), the outputs and digest later
         steps see, and the records of items no longer in the list dropped."""
         name = step.name
-        outputs = [{**r.outputs, **self.secrets.get(f"{name}[{i.key}]")} for r, i in zip(kept, items, strict=True)]
+        outputs = [{**r.outputs, **self.run.secrets.get(f"{name}[{i.key}]")} for r, i in zip(kept, items, strict=True)]
         keys = [i.key for i in items]
         output_digest = digest({"items": [r.recorded_output_digest for r in kept], "keys": keys})
-        self.outputs[name] = {"items": outputs, "keys": keys, "count": len(items)}
-        self.digests[name] = output_digest
-        previous = self.record(name)
+        self.run.outputs[name] = {"items": outputs, "keys": keys, "count": len(items)}
+        self.run.digests[name] = output_digest
+        previous = self.run.record(name)
         if ran or previous is None or previous.output_digest != output_digest or not previous.is_done:
-            masked = self.masker.mask_data({"items": [r.outputs for r in kept], "keys": keys, "count": len(items)})
+            masked = self.run.masker.mask_data({"items": [r.outputs for r in kept], "keys": keys, "count": len(items)})
             assert isinstance(masked, dict)
             record = StepRecord.loop_done(
                 kind=step.kind,
@@ -165,21 +171,21 @@ class Executing(Walking):
                 output_digest=output_digest,
                 finished=now(),
                 duration=duration,
-                run=self.run_id,
+                run=self.run.run_id,
             )
-            self.state.replace(name, record.to_dict())
+            self.run.state.replace(name, record.to_dict())
         current = {f"{name}[{k}]" for k in keys}
-        for stale in [n for n in self.state.steps if n.startswith(f"{name}[") and n not in current]:
-            self.state.replace(stale, None)  # an item no longer in the list
-            self.secrets.put(stale, None)
+        for stale in [n for n in self.run.state.steps if n.startswith(f"{name}[") and n not in current]:
+            self.run.state.replace(stale, None)  # an item no longer in the list
+            self.run.secrets.put(stale, None)
 
     def _hint(self, prep: Prepared, own: str) -> str:
         """The kind's hint, then the step's `hint:` (rendered; as written if it cannot be)."""
         extra = prep.step.common.hint or ""
         if extra and is_template(extra):
             with contextlib.suppress(RenderError):
-                extra = render_string(extra, self._context(prep.step, self._exported_before(prep.step)))
-        return self.masker.mask("\n".join(h for h in (own, extra) if h))
+                extra = render_string(extra, self.prep.context(prep.step, self.prep.exported_before(prep.step)))
+        return self.run.masker.mask("\n".join(h for h in (own, extra) if h))
 
     def _stop_left_running(self, name: str, tag: str, crashed: bool = False, prep: Prepared | None = None) -> None:
         """Stop what a failed, timed-out or interrupted run of the step left running outside its process group
@@ -198,43 +204,43 @@ class Executing(Walking):
         sweep.GUARDIAN.release(tag)
         if not left:
             return
-        count, shown = sweep.describe(left, self.masker.mask)
+        count, shown = sweep.describe(left, self.run.masker.mask)
         if crashed:
             what = f"the run that stopped inside this step had left {count} running"
-            self.reporter.notice(f"{name}: {what}; stopped them before running it again: {shown}")
+            self.run.reporter.notice(f"{name}: {what}; stopped them before running it again: {shown}")
         else:
-            self.reporter.notice(f"{name}: stopped {count} it had left running: {shown}")
+            self.run.reporter.notice(f"{name}: stopped {count} it had left running: {shown}")
 
-    def _execute(self, prep: Prepared, decision: Decision, started: float, log_path: Path) -> Result:
+    def execute(self, prep: Prepared, decision: Decision, started: float, log_path: Path) -> Result:
         name = prep.key
         common = prep.step.common
         log_path.parent.mkdir(parents=True, exist_ok=True)
         prep.ctx.log_path = log_path
         if prep.instance.changes_system:
-            self.reporter.step_started(name, decision.reason)
-        prep.ctx.progress = lambda done, total, unit: self.reporter.progress(name, done, total, unit)
-        if self.options.verbose or prep.instance.streams_output():
-            prep.ctx.on_output = lambda line: self.reporter.output(name, line)
+            self.run.reporter.step_started(name, decision.reason)
+        prep.ctx.progress = lambda done, total, unit: self.run.reporter.progress(name, done, total, unit)
+        if self.run.options.verbose or prep.instance.streams_output():
+            prep.ctx.on_output = lambda line: self.run.reporter.output(name, line)
         else:
-            prep.ctx.on_output = lambda line: self.reporter.output_quiet(name, line)
-        previous = self.record(name)
+            prep.ctx.on_output = lambda line: self.run.reporter.output_quiet(name, line)
+        previous = self.run.record(name)
         if previous is not None and previous.status == STARTED and previous.run:
-            crashed_tag = sweep.step_tag(str(self.pipeline.state_dir), previous.run, name)
+            crashed_tag = sweep.step_tag(str(self.run.pipeline.state_dir), previous.run, name)
             self._stop_left_running(name, crashed_tag, crashed=True, prep=prep)
-        tag = sweep.step_tag(str(self.pipeline.state_dir), self.run_id, name)
+        tag = sweep.step_tag(str(self.run.pipeline.state_dir), self.run.run_id, name)
         prep.ctx.process_tag = tag
         begin = now()
-        begun = StepRecord.starting(previous, begin, self.run_id, os.getpid(), str(log_path))
-        self.state.replace(name, begun.to_dict())
+        begun = StepRecord.starting(previous, begin, self.run.run_id, os.getpid(), str(log_path))
+        self.run.state.replace(name, begun.to_dict())
         faults.point("started")
         attempts = 0
 
         def before_retry(attempt: int, exc: BaseException | None) -> None:
             self._stop_left_running(name, tag, prep=prep)
             message = exc.message if isinstance(exc, StepError) else str(exc)
-            self.reporter.notice(
+            self.run.reporter.notice(
                 f"{name}: attempt {attempt} of {common.retries + 1} failed: "
-                f"{self.masker.mask(message)}; retrying in {common.retry_delay:g}s"
+                f"{self.run.masker.mask(message)}; retrying in {common.retry_delay:g}s"
             )
 
         from tenacity import retry_if_exception_type, wait_fixed  # only when a step runs: not on a converged run
@@ -245,7 +251,7 @@ class Executing(Walking):
             attempts=common.retries + 1,
             wait=wait_fixed(common.retry_delay),
             retry=retry_if_exception_type(StepError),
-            cancel=self.cancel,
+            cancel=self.run.cancel,
             interrupted=_Cancelled,
             before_retry=before_retry,
         )
@@ -253,17 +259,17 @@ class Executing(Walking):
             for attempt in retries:
                 with attempt:
                     attempts += 1
-                    if self.cancel.is_set():
+                    if self.run.cancel.is_set():
                         raise _Cancelled()
                     outputs = self._apply_once(prep, tag)
         except (StepError, _Cancelled) as exc:
             self._stop_left_running(name, tag, prep=prep)
             duration = time.monotonic() - started
-            interrupted = self.cancel.is_set()
-            message = self.masker.mask(exc.message if isinstance(exc, StepError) else "interrupted")
+            interrupted = self.run.cancel.is_set()
+            message = self.run.masker.mask(exc.message if isinstance(exc, StepError) else "interrupted")
             if interrupted:
                 message = "interrupted"
-            self.state.replace(name, begun.ended(interrupted, now(), duration, attempts, message).to_dict())
+            self.run.state.replace(name, begun.ended(interrupted, now(), duration, attempts, message).to_dict())
             result = Result(
                 name,
                 "interrupted" if interrupted else "failed",
@@ -271,22 +277,24 @@ class Executing(Walking):
                 duration,
                 error=message,
                 hint=self._hint(prep, exc.hint if isinstance(exc, StepError) and not interrupted else ""),
-                tail=self.masker.mask(exc.output_tail) if isinstance(exc, StepError) else "",
+                tail=self.run.masker.mask(exc.output_tail) if isinstance(exc, StepError) else "",
                 log=str(log_path) if log_path.exists() else "",
                 attempts=attempts,
                 cause=decision.cause,
             )
-            self.reporter.step_finished(result)
+            self.run.reporter.step_finished(result)
             return result
         except Exception as exc:  # a bug in a kind: record it, do not lose the run
             self._stop_left_running(name, tag, prep=prep)
             duration = time.monotonic() - started
             if isinstance(exc, OSError) and exc.strerror:  # the system said no (a full disk, a permission)
                 where = f" ({exc.filename})" if exc.filename else ""
-                message = self.masker.mask(f"{exc.strerror}{where}")
+                message = self.run.masker.mask(f"{exc.strerror}{where}")
             else:
-                message = self.masker.mask(f"internal error in the {prep.step.kind} step: {type(exc).__name__}: {exc}")
-            self.state.replace(name, begun.ended(False, now(), duration, attempts, message).to_dict())
+                message = self.run.masker.mask(
+                    f"internal error in the {prep.step.kind} step: {type(exc).__name__}: {exc}"
+                )
+            self.run.state.replace(name, begun.ended(False, now(), duration, attempts, message).to_dict())
             result = Result(
                 name,
                 "failed",
@@ -297,8 +305,8 @@ class Executing(Walking):
                 attempts=attempts,
                 cause=decision.cause,
             )
-            self.reporter.step_finished(result)
-            if self.options.verbose:
+            self.run.reporter.step_finished(result)
+            if self.run.options.verbose:
                 raise
             return result
         sweep.GUARDIAN.release(tag)  # a step that ended well keeps what it left running in a session of its own
@@ -307,18 +315,18 @@ class Executing(Walking):
         secret_keys = prep.instance.secret_outputs()
         kept = {k: str(v) for k, v in outputs.items() if k in secret_keys}
         for value in kept.values():
-            self.masker.add(value)
-        self.secrets.put(name, kept)
-        masked_outputs = self.masker.mask_data(outputs)
+            self.run.masker.add(value)
+        self.run.secrets.put(name, kept)
+        masked_outputs = self.run.masker.mask_data(outputs)
         assert isinstance(masked_outputs, dict)
         output_digest = digest({"fingerprint": prep.fingerprint, "outputs": outputs})
         if name == prep.step.name:  # an item's outputs reach later steps through its step's `items`
-            self.outputs[name] = dict(outputs)
-            self.digests[name] = output_digest
+            self.run.outputs[name] = dict(outputs)
+            self.run.digests[name] = output_digest
         done = StepRecord.done(
             kind=prep.step.kind,
             fingerprint=prep.fingerprint,
-            spec=self.masker.mask_data(prep.spec),
+            spec=self.run.masker.mask_data(prep.spec),
             upstream=prep.upstream,
             outputs=masked_outputs,
             output_digest=output_digest,
@@ -326,11 +334,11 @@ class Executing(Walking):
             finished=now(),
             duration=duration,
             attempts=attempts,
-            run=self.run_id,
+            run=self.run.run_id,
             reason=decision.reason,
             log=str(log_path) if log_path.exists() else "",
         )
-        self.state.replace(name, done.to_dict())
+        self.run.state.replace(name, done.to_dict())
         status: Status = "changed" if prep.instance.changes_system and prep.ctx.changed else "ok"
         shown = {k: v for k, v in masked_outputs.items() if k not in secret_keys}
         # a check that ran and passed says so, not just why it ran; a run that found nothing to do, too
@@ -340,7 +348,7 @@ class Executing(Walking):
             reason = f"{decision.reason}: nothing to change"
         else:
             reason = decision.reason
-        note = self.masker.mask(prep.instance.note(shown)) if shown else ""
+        note = self.run.masker.mask(prep.instance.note(shown)) if shown else ""
         result = Result(
             name,
             status,
@@ -352,7 +360,7 @@ class Executing(Walking):
             note=note,
             cause=decision.cause,
         )
-        self.reporter.step_finished(result)
+        self.run.reporter.step_finished(result)
         return result
 
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from runner.causes import Cause, Change, cause
 from runner.decide import decide, to_observe
-from runner.engine.prepare import Prepared, Removals
+from runner.engine.base import RunState
+from runner.engine.prepare import Prepared
 from runner.events import Decision
 from runner.fingerprint import spec_changes
 from runner.record import STARTED, StepRecord
@@ -12,21 +13,24 @@ from runner.util import sweep
 from steps.base import Probe, StepError
 
 
-class Deciding(Removals):
+class Observer:
     """Looks at what runner.decide asks for (changes, live work, the probe) and decides."""
+
+    def __init__(self, run: RunState) -> None:
+        self.run = run
 
     def _left_running(self, key: str, record: StepRecord) -> list[sweep.Leftover]:
         """What the run that stopped inside this step (a crash: its record says `started`) left running."""
         run = record.run
         if run is None:
             return []
-        tag = sweep.step_tag(str(self.pipeline.state_dir), run, key)
+        tag = sweep.step_tag(str(self.run.pipeline.state_dir), run, key)
         return [sweep.Leftover(pid, sweep.command_of(pid)) for pid, _ in sweep.find([tag])]
 
     def decide(self, prep: Prepared, crashed_ok: bool) -> Decision:
         """Look at what runner.decide asks for (the record always; the changes or the probe), then decide."""
-        record = self.record(prep.key)
-        forced = prep.step.name in self.options.force or prep.key in self.options.force
+        record = self.run.record(prep.key)
+        forced = prep.step.name in self.run.options.force or prep.key in self.run.options.force
         changes: list[Change] = []
         live: str | None = None
         probe: Probe | None = None
@@ -35,9 +39,9 @@ class Deciding(Removals):
             changes = self._changes(prep, record)
             live = self._live_work(prep)
         elif looking == "probe":
-            found = self._probe(prep)
+            found = self.probe(prep)
             masked = tuple(self._mask_change(c) for c in found.changes)
-            probe = Probe(found.status, self.masker.mask(found.reason), masked, found.stopped)
+            probe = Probe(found.status, self.run.masker.mask(found.reason), masked, found.stopped)
         decision = decide(
             prep.key,
             record,
@@ -53,15 +57,15 @@ class Deciding(Removals):
         if record is not None and record.status == STARTED and crashed_ok and decision.action == "run":
             left = self._left_running(prep.key, record)
             if left:
-                count, shown = sweep.describe(left, self.masker.mask)
+                count, shown = sweep.describe(left, self.run.masker.mask)
                 why = Cause("crashed", {**decision.cause.data, "left": count, "left_shown": shown})
                 decision = Decision(decision.name, decision.action, why, decision.changes)
         step = prep.step.name
         if decision.action == "pending":
-            self.holding[step] = "restart_pending"
+            self.run.holding[step] = "restart_pending"
         elif decision.action == "ok" and probe is not None and probe.stopped:
-            self.holding[step] = "stopped"
-        if decision.action == "run" and self.holding and not forced:
+            self.run.holding[step] = "stopped"
+        if decision.action == "run" and self.run.holding and not forced:
             held = self._held_upstream(step)
             if held:
                 return Decision(decision.name, "block", cause("held", holds=held), decision.changes)
@@ -69,14 +73,14 @@ class Deciding(Removals):
 
     def _held_upstream(self, name: str) -> list[list[str]]:
         """The steps `name` depends on (transitively) that cannot serve it now: [step, how] in file order."""
-        ancestors = self.graph.upstream({name}) - {name}
-        held = sorted((a for a in ancestors if a in self.holding), key=lambda a: self.pipeline.step(a).index)
-        return [[a, self.holding[a]] for a in held]
+        ancestors = self.run.graph.upstream({name}) - {name}
+        held = sorted((a for a in ancestors if a in self.run.holding), key=lambda a: self.run.pipeline.step(a).index)
+        return [[a, self.run.holding[a]] for a in held]
 
     def _changes(self, prep: Prepared, record: StepRecord) -> list[Change]:
         """The spec's field-level changes since the record, in the kind's own terms where it has them."""
-        self.masker.scan(record.spec)  # a record written before a value was known to be secret
-        changes = spec_changes(self.masker.mask_data(record.spec), self.masker.mask_data(prep.spec))
+        self.run.masker.scan(record.spec)  # a record written before a value was known to be secret
+        changes = spec_changes(self.run.masker.mask_data(record.spec), self.run.masker.mask_data(prep.spec))
         if changes and record.spec is not None:
             try:
                 changes = [self._mask_change(c) for c in prep.instance.describe_changes(prep.ctx, record.spec, changes)]
@@ -86,8 +90,8 @@ class Deciding(Removals):
 
     def _mask_change(self, change: Change | str) -> Change:
         if isinstance(change, str):
-            return Change.fact(self.masker.mask(change))
-        mask = self.masker.mask
+            return Change.fact(self.run.masker.mask(change))
+        mask = self.run.masker.mask
         return Change(
             mask(change.field),
             None if change.old is None else mask(change.old),
@@ -100,9 +104,9 @@ class Deciding(Removals):
             live = prep.instance.live_work(prep.ctx)
         except (StepError, OSError):
             return None
-        return self.masker.mask(live) if live else None
+        return self.run.masker.mask(live) if live else None
 
-    def _preview(self, prep: Prepared) -> str | None:
+    def preview(self, prep: Prepared) -> str | None:
         host = prep.instance.remote_host(prep.ctx)
         if host:  # a machine that cannot be reached fails every step there: plan says so, as apply will
             from steps._support.machine import machine_for  # ssh's code, only for a step on another machine
@@ -110,14 +114,14 @@ class Deciding(Removals):
             try:
                 machine_for(host).check()
             except StepError as exc:
-                return self.masker.mask(exc.message)
+                return self.run.masker.mask(exc.message)
         try:
             problem = prep.instance.preview(prep.ctx)
         except (StepError, OSError):
             return None
-        return self.masker.mask(problem) if problem else None
+        return self.run.masker.mask(problem) if problem else None
 
-    def _probe(self, prep: Prepared) -> Probe:
+    def probe(self, prep: Prepared) -> Probe:
         try:
             return prep.instance.probe(prep.ctx)
         except StepError as exc:

@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from runner.engine.base import EngineBase
+from runner.engine.base import RunState
 from runner.errors import InputError
 from runner.fingerprint import digest, step_fingerprint
 from runner.load import validation_errors
@@ -61,27 +61,30 @@ class Item:
     index: int
 
 
-class Preparing(EngineBase):
+class Preparer:
     """Rendering: a step (or one for_each item) into a Prepared, with its context, spec and fingerprint."""
 
-    def _exported_before(self, step: StepDecl) -> dict[str, str]:
+    def __init__(self, run: RunState) -> None:
+        self.run = run
+
+    def exported_before(self, step: StepDecl) -> dict[str, str]:
         merged: dict[str, str] = {}
-        for other in self.graph.env_view[step.name]:
-            if other in self.exports:
-                merged.update(self.exports[other])
+        for other in self.run.graph.env_view[step.name]:
+            if other in self.run.exports:
+                merged.update(self.run.exports[other])
         return merged
 
     @functools.cached_property
-    def _environ(self) -> dict[str, str]:
+    def environ(self) -> dict[str, str]:
         """runner's environment, read once (os.environ decodes every key and value at each read)."""
         return dict(os.environ)
 
-    def _context(self, step: StepDecl, exported: dict[str, str], item: Item | None = None) -> dict[str, Any]:
+    def context(self, step: StepDecl, exported: dict[str, str], item: Item | None = None) -> dict[str, Any]:
         context: dict[str, Any] = {
-            "vars": self.pipeline.vars,
-            "env": EnvView({**self._environ, **exported}),
-            "facts": self.facts,
-            "steps": {name: Outputs(name, self.outputs[name]) for name in step.refs if name in self.outputs},
+            "vars": self.run.pipeline.vars,
+            "env": EnvView({**self.environ, **exported}),
+            "facts": self.run.facts,
+            "steps": {name: Outputs(name, self.run.outputs[name]) for name in step.refs if name in self.run.outputs},
         }
         if item is not None:
             context["item"] = item.value
@@ -91,7 +94,7 @@ class Preparing(EngineBase):
     def _render_error(self, step: StepDecl, exc: RenderError) -> InputError:
         path = ("steps", step.index, *exc.path)
         field = f"steps[{step.index}] ({step.name})." + ".".join(str(p) for p in exc.path)
-        return self.pipeline.marks.error(path, self.masker.mask(exc.message), field=field)
+        return self.run.pipeline.marks.error(path, self.run.masker.mask(exc.message), field=field)
 
     def when_holds(self, step: StepDecl, context: dict[str, Any]) -> bool:
         when = step.common.when
@@ -112,8 +115,8 @@ class Preparing(EngineBase):
 
     def items(self, step: StepDecl) -> list[Item] | None:
         """The items of a for_each step, rendered; None when its `when` is false."""
-        exported = self._exported_before(step)
-        context = self._context(step, exported)
+        exported = self.exported_before(step)
+        context = self.context(step, exported)
         if not self.when_holds(step, context):
             return None
         try:
@@ -171,17 +174,17 @@ class Preparing(EngineBase):
     def prepare(self, step: StepDecl, log_path: Path | None = None, item: Item | None = None) -> Prepared | None:
         """Render a step (or one item of it); None when its `when` is false. Raises InputError for template
         and spec errors."""
-        exported = self._exported_before(step)
-        context = self._context(step, exported, item)
+        exported = self.exported_before(step)
+        context = self.context(step, exported, item)
         if item is None and not self.when_holds(step, context):
             return None
         record_name = f"{step.name}[{item.key}]" if item is not None else step.name
         try:
-            with secret_parts(self.masker.add_part):
+            with secret_parts(self.run.masker.add_part):
                 rendered = render_data(step.raw, context, (step.kind,))
         except RenderError as exc:
             raise self._render_error(step, exc) from None
-        self.masker.scan(rendered)  # values under secret-sounding names, URL passwords: masked from here on
+        self.run.masker.scan(rendered)  # values under secret-sounding names, URL passwords: masked from here on
         cls = kind_class(step.kind)
         host = self._host(step, context)
         if host and "host" in cls.Spec.model_fields and isinstance(rendered, dict) and rendered.get("host") is None:
@@ -189,30 +192,32 @@ class Preparing(EngineBase):
         try:
             spec = cls.Spec.model_validate(rendered, context={"host": host})
         except ValidationError as exc:
-            errors = validation_errors(exc, ("steps", step.index, step.kind), cls.Spec, self.pipeline.marks, rendered)
+            errors = validation_errors(
+                exc, ("steps", step.index, step.kind), cls.Spec, self.run.pipeline.marks, rendered
+            )
             err = errors[0]
-            err.message = self.masker.mask(err.message) + " (after rendering templates)"
+            err.message = self.run.masker.mask(err.message) + " (after rendering templates)"
             raise err from None
         instance = cls(spec)
         if cls.exports_env:
-            self.exports[step.name] = instance.exports()
+            self.run.exports[step.name] = instance.exports()
         ctx = StepContext(
             name=record_name,
-            pipeline_dir=self.pipeline.dir,
-            state_dir=self.pipeline.state_dir,
-            env={**self._environ, **exported},
+            pipeline_dir=self.run.pipeline.dir,
+            state_dir=self.run.pipeline.state_dir,
+            env={**self.environ, **exported},
             exported=exported,
             timeout=step.common.timeout,
             log_path=log_path,
-            record_outputs=(self.record(record_name) or StepRecord({})).outputs,
-            cancel=self.cancel,
-            hurry=self.hurry,
-            mask=self.masker.mask,
-            mask_cut=self.masker.safe_cut,
-            stored_secrets=self.secrets.get(record_name),
-            notice=self.reporter.notice,
-            digest=self.secrets.keyed_digest,
-            forced=step.name in self.options.force or record_name in self.options.force,
+            record_outputs=(self.run.record(record_name) or StepRecord({})).outputs,
+            cancel=self.run.cancel,
+            hurry=self.run.hurry,
+            mask=self.run.masker.mask,
+            mask_cut=self.run.masker.safe_cut,
+            stored_secrets=self.run.secrets.get(record_name),
+            notice=self.run.reporter.notice,
+            digest=self.run.secrets.keyed_digest,
+            forced=step.name in self.run.options.force or record_name in self.run.options.force,
             host=host,
         )
         dumped = spec.model_dump(mode="json")
@@ -223,7 +228,7 @@ class Preparing(EngineBase):
             # the machine is part of what the step is, under the key the older spelling (`run: {host: }`) gave it,
             # so a pipeline moved to the step's `host:` keeps its records
             spec_data["host"] = host
-        upstream = {dep: self.digests.get(dep, "none") for dep in self.graph.deps[step.name]}
+        upstream = {dep: self.run.digests.get(dep, "none") for dep in self.run.graph.deps[step.name]}
         try:
             extra = instance.fingerprint_extra(ctx)
         except StepError as exc:
@@ -231,7 +236,7 @@ class Preparing(EngineBase):
                 raise
             path = ("steps", step.index, step.kind, exc.field)
             where = f"steps[{step.index}] ({step.name}).{step.kind}.{exc.field}"
-            raise self.pipeline.marks.error(path, self.masker.mask(exc.message), field=where) from None
+            raise self.run.pipeline.marks.error(path, self.run.masker.mask(exc.message), field=where) from None
         fingerprint = step_fingerprint(step.kind, spec_data, extra, upstream)
         ctx.fingerprint = fingerprint
         return Prepared(step, instance, ctx, spec_data, fingerprint, upstream, record_name)
@@ -284,14 +289,18 @@ class RemovedStep:
     live: str | None
 
 
-class Removals(Preparing):
+class Removals:
     """Records of steps deleted from the pipeline: listed by plan and status, stoppable, reached by down."""
 
-    def _removed_records(self) -> dict[str, StepRecord]:
+    def __init__(self, run: RunState, prep: Preparer) -> None:
+        self.run = run
+        self.prep = prep
+
+    def removed_records(self) -> dict[str, StepRecord]:
         """The records whose step (or, for an item, whose for_each step) is not in the pipeline."""
-        names = set(self.graph.names)  # a list: `in` on it made this quadratic (0.8 s of 10,000 converged steps)
+        names = set(self.run.graph.names)  # a list: `in` on it made this quadratic (0.8 s of 10,000 converged steps)
         found = {}
-        for key, data in list(self.state.steps.items()):
+        for key, data in list(self.run.state.steps.items()):
             if key.split("[", 1)[0] not in names:
                 record = StepRecord.of(data)
                 if record is not None:
@@ -300,15 +309,15 @@ class Removals(Preparing):
 
     def removed(self) -> list[RemovedStep]:
         """Each removed step's record, with what of it is still there (its kind's teardown, dry run)."""
-        return [self._removed_one(key, record) for key, record in self._removed_records().items()]
+        return [self._removed_one(key, record) for key, record in self.removed_records().items()]
 
     def removed_named(self, name: str) -> RemovedStep | None:
-        record = self._removed_records().get(name)
+        record = self.removed_records().get(name)
         return self._removed_one(name, record) if record is not None else None
 
     def is_removed(self, name: str) -> bool:
         """A name whose record remains from a step no longer in the pipeline (cheap: no look at what runs)."""
-        return name in self._removed_records()
+        return name in self.removed_records()
 
     def _removed_one(self, key: str, record: StepRecord) -> RemovedStep:
         try:
@@ -322,21 +331,21 @@ class Removals(Preparing):
             return RemovedStep(key, record.kind or "?", None, None, None)
         ctx = StepContext(
             name=key,
-            pipeline_dir=self.pipeline.dir,
-            state_dir=self.pipeline.state_dir,
-            env=dict(self._environ),
+            pipeline_dir=self.run.pipeline.dir,
+            state_dir=self.run.pipeline.state_dir,
+            env=dict(self.prep.environ),
             exported={},
             record_outputs=record.outputs,
-            mask=self.masker.mask,
-            notice=self.reporter.notice,
-            digest=self.secrets.keyed_digest,
+            mask=self.run.masker.mask,
+            notice=self.run.reporter.notice,
+            digest=self.run.secrets.keyed_digest,
             host=host if isinstance(host, str) else None,
         )
         try:
             live = instance.teardown(ctx, purge=False, dry_run=True)
         except Exception:  # noqa: BLE001 - what cannot be looked at is said as unknown
             live = None
-        return RemovedStep(key, record.kind, instance, ctx, self.masker.mask(live) if live else None)
+        return RemovedStep(key, record.kind, instance, ctx, self.run.masker.mask(live) if live else None)
 
     def removal_notices(self) -> list[str]:
         """One line per removed step's record, for plan and apply."""

@@ -17,41 +17,48 @@ from types import FrameType
 
 from runner import words
 from runner.causes import cause
-from runner.engine.base import Interrupted
-from runner.engine.execute import STATUS_OUTCOME, Executing
-from runner.engine.walk import Outcome
+from runner.engine.base import Interrupted, RunState
+from runner.engine.execute import STATUS_OUTCOME, Executor
+from runner.engine.prepare import Removals
+from runner.engine.walk import Outcome, Walk
 from runner.events import Result
 from runner.model import StepDecl
 from runner.state import check_writable, pipeline_lock
 from runner.util import sweep
 from steps import kind_class
 
-RUN_ID = re.compile(r"\d{8}-\d{6}-\d+")  # as EngineBase makes them: 20261203-234843-5193
+RUN_ID = re.compile(r"\d{8}-\d{6}-\d+")  # as RunState makes them: 20261203-234843-5193
 KEPT_RUNS = 20
 
 
-class Scheduling(Executing):
+class Scheduler:
     """apply(): the lock, the scheduler (-j, keep-going, blocking), signals and log pruning."""
 
+    def __init__(self, run: RunState, removals: Removals, walk: Walk, executor: Executor) -> None:
+        self.run = run
+        self.removals = removals
+        self.walk = walk
+        self.executor = executor
+
     def apply(self) -> list[Result]:
-        with pipeline_lock(self.pipeline.state_dir, notice=self.reporter.notice):
-            self.load_state()
-            for line in self.removal_notices():
-                self.reporter.notice(line)
-            self.secrets.ensure_digest_key()
-            self.holding.clear()
-            check_writable(self.pipeline.state_dir)
-            log_dir = self.pipeline.state_dir / "logs" / self.run_id
+        with pipeline_lock(self.run.pipeline.state_dir, notice=self.run.reporter.notice):
+            self.run.load_state()
+            for line in self.removals.removal_notices():
+                self.run.reporter.notice(line)
+            self.run.secrets.ensure_digest_key()
+            self.run.holding.clear()
+            check_writable(self.run.pipeline.state_dir)
+            log_dir = self.run.pipeline.state_dir / "logs" / self.run.run_id
             self._prune_logs()
             try:
-                with _signals_raise(self.hurry):
+                with _signals_raise(self.run.hurry):
                     return self._schedule(log_dir)
             finally:
                 sweep.GUARDIAN.close()
-                self.state.compact()  # state.json alone holds the whole state once apply ends
+                self.run.state.compact()  # state.json alone holds the whole state once apply ends
 
     def _prune_logs(self) -> None:
-        logs = self.pipeline.state_dir / "logs"
+        logs = self.run.pipeline.state_dir / "logs"
         if not logs.is_dir():
             return
         if logs.is_symlink():
@@ -64,25 +71,25 @@ class Scheduling(Executing):
     def _schedule(self, log_dir: Path) -> list[Result]:
         """The walk in apply: each step is decided (runner/engine/walk.py) once what it waits on has finished,
         with their real outcomes, and carried out; -j N steps at once."""
-        self.begin_walk()
-        order = self.graph.order()
+        self.walk.begin_walk()
+        order = self.run.graph.order()
         index = {n: i for i, n in enumerate(order)}
-        remaining = {n: len(self.graph.after[n]) for n in order}
+        remaining = {n: len(self.run.graph.after[n]) for n in order}
         ready = [index[n] for n in order if remaining[n] == 0]
         heapq.heapify(ready)
         results: dict[str, Result] = {}
         outcomes: dict[str, Outcome] = {}
         running: dict[Future[Result], str] = {}
         stop = False
-        jobs = max(1, self.options.jobs)
+        jobs = max(1, self.run.options.jobs)
 
         def finish(name: str, result: Result) -> None:
             nonlocal stop
             results[name] = result
             outcomes[name] = STATUS_OUTCOME[result.status]
-            if result.status in ("failed", "interrupted") and not self.options.keep_going:
+            if result.status in ("failed", "interrupted") and not self.run.options.keep_going:
                 stop = True
-            for child in self.graph.dependents[name]:
+            for child in self.run.graph.dependents[name]:
                 remaining[child] -= 1
                 if remaining[child] == 0:
                     heapq.heappush(ready, index[child])
@@ -92,32 +99,32 @@ class Scheduling(Executing):
             while ready or running:
                 while ready and len(running) < jobs and not stop:
                     name = order[heapq.heappop(ready)]
-                    before = {d: outcomes[d] for d in self.graph.after[name]}
-                    step = self.pipeline.step(name)
+                    before = {d: outcomes[d] for d in self.run.graph.after[name]}
+                    step = self.run.pipeline.step(name)
                     if step.common.for_each is None and (jobs == 1 or _local_probe(step)):
                         # looked at here: a step that is up to date costs no hand-over to a worker
-                        looked = self._look(name, before, log_dir, time.monotonic())
+                        looked = self.executor.look_at(name, before, log_dir, time.monotonic())
                         if isinstance(looked, Result):
                             finish(name, looked)
                             continue
-                        running[executor.submit(self._execute, *looked)] = name
+                        running[executor.submit(self.executor.execute, *looked)] = name
                         continue
-                    running[executor.submit(self._run_one, name, before, log_dir)] = name
+                    running[executor.submit(self.executor.run_one, name, before, log_dir)] = name
                 if not running:
                     break
                 done, _ = wait(list(running), timeout=0.2, return_when=FIRST_COMPLETED)
                 for fut in done:
                     finish(running.pop(fut), fut.result())
         except Interrupted:
-            self.cancel.set()
+            self.run.cancel.set()
             # the steps running now stop (their groups get the stop signal, then SIGKILL after the grace) and are
             # recorded `interrupted` before apply returns; a second signal only takes the grace away
             said = False
             for fut, name in list(running.items()):
                 while True:
-                    if self.hurry.is_set() and not said:
+                    if self.run.hurry.is_set() and not said:
                         said = True
-                        self.reporter.notice("stopping now: what still runs gets SIGKILL")
+                        self.run.reporter.notice("stopping now: what still runs gets SIGKILL")
                     try:
                         result = fut.result(timeout=0.1)
                     except FuturesTimeout:
@@ -131,7 +138,7 @@ class Scheduling(Executing):
             executor.shutdown(wait=True)
         # Steps never reached (after a failure without --keep-going).
         for name in order:
-            if name not in results and name in self._selected:
+            if name not in results and name in self.walk.selected_names:
                 results[name] = Result(name, "blocked", words.reason(cause("not_started")), cause=cause("not_started"))
         return [results[n] for n in order if n in results and results[n].status != "unselected"]
 

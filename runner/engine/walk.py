@@ -3,7 +3,7 @@
 Plan walks the graph in order and feeds each step's decision back as its outcome (a step that would run is
 `pending`: its outputs are not known yet, so what reads them may or may not run again). Apply walks the same
 graph as its scheduler reaches each step and feeds back what really happened. Either way a step is decided by
-:meth:`Walking.look` and nothing else, so the two can no longer decide or word a step differently:
+:meth:`Walk.look` and nothing else, so the two can no longer decide or word a step differently:
 
 - what it waits on (data and order edges) failed, was blocked or would fail -> `block` (waits_on)
 - not selected (--only, --from)                                       -> not decided; its record adopted
@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from runner.causes import Cause, Change, cause
-from runner.engine.observe import Deciding
-from runner.engine.prepare import Item, Prepared
+from runner.engine.base import RunState
+from runner.engine.observe import Observer
+from runner.engine.prepare import Item, Prepared, Preparer
 from runner.errors import InputError
 from runner.events import Action, Decision
 from runner.model import StepDecl
@@ -57,14 +58,21 @@ class Look:
     error_item: str = ""  # the item whose rendering failed
 
 
-class Walking(Deciding):
-    """The rules of the walk (see the module's docstring); the run's roots of blocking live here."""
+class Walk:
+    """The rules of the walk (see the module's docstring), and the walk's own state: the roots of what is
+    blocked, the holds, the selection."""
+
+    def __init__(self, run: RunState, prep: Preparer, observer: Observer) -> None:
+        self.run = run
+        self.prep = prep
+        self.observer = observer
+        self.begin_walk()
 
     def begin_walk(self) -> None:
-        self.holding.clear()
+        self.run.holding.clear()
         self._roots: dict[str, list[str]] = {}  # a blocked step -> the failing (or held) steps it waits on
         self._held_why: dict[str, list[list[str]]] = {}  # a step blocked by a held upstream -> those holds
-        self._selected = self.selected()
+        self.selected_names = self.run.selected()
 
     def look(self, name: str, outcomes: Mapping[str, Outcome], *, planning: bool, crashed_ok: bool = True) -> Look:
         """The decision for step `name`, given the outcomes of the steps before it."""
@@ -75,22 +83,22 @@ class Walking(Deciding):
         return looked
 
     def _walk_step(self, name: str, outcomes: Mapping[str, Outcome], planning: bool, crashed_ok: bool) -> Look:
-        step = self.pipeline.step(name)
-        self._adopt_record(name)  # its recorded outputs, until (in apply) a run replaces them
-        selected = name in self._selected
-        blocked_by = [d for d in self.graph.after[name] if outcomes.get(d) in STOPPING]
+        step = self.run.pipeline.step(name)
+        self.run.adopt_record(name)  # its recorded outputs, until (in apply) a run replaces them
+        selected = name in self.selected_names
+        blocked_by = [d for d in self.run.graph.after[name] if outcomes.get(d) in STOPPING]
         if selected and blocked_by:
             return Look(self._waits_on(name, blocked_by, happened=not planning))
         if not selected:
             if step.exports_env:
                 with contextlib.suppress(InputError, StepError):
-                    self.prepare(step)
+                    self.prep.prepare(step)
             return Look(None)
-        pending_up = [d for d in self.graph.deps[name] if outcomes.get(d) == "pending"]
+        pending_up = [d for d in self.run.graph.deps[name] if outcomes.get(d) == "pending"]
         if step.common.for_each is not None:
             return self._look_each(step, pending_up, crashed_ok)
         try:
-            prep = self.prepare(step)
+            prep = self.prep.prepare(step)
         except InputError as exc:
             if pending_up:
                 return Look(self._after(name, pending_up))
@@ -99,9 +107,9 @@ class Walking(Deciding):
             return Look(None, error=exc)
         if prep is None:
             return Look(self._skip(step))
-        decision = self.decide(prep, crashed_ok)
+        decision = self.observer.decide(prep, crashed_ok)
         if decision.action == "run" and planning:
-            problem = self._preview(prep)
+            problem = self.observer.preview(prep)
             if problem:
                 decision = Decision(name, "fail", cause("would_fail", problem=problem), decision.changes)
         if decision.action in ("ok", "pending") and pending_up:
@@ -111,9 +119,9 @@ class Walking(Deciding):
     def _look_each(self, step: StepDecl, pending_up: list[str], crashed_ok: bool) -> Look:
         name = step.name
         try:
-            items = self.items(step)
+            items = self.prep.items(step)
             if items is not None:
-                self.check_item_targets(step, items, self.options.force)
+                self.prep.check_item_targets(step, items, self.run.options.force)
         except InputError as exc:
             if pending_up:
                 return Look(self._after(name, pending_up))
@@ -127,11 +135,11 @@ class Walking(Deciding):
         changes: list[Change] = []
         for item in items:
             try:
-                prep = self.prepare(step, item=item)
+                prep = self.prep.prepare(step, item=item)
             except (InputError, StepError) as exc:
                 return Look(None, items=looked, all_items=items, error=exc, error_item=item.key)
             assert prep is not None
-            decision = self.decide(prep, crashed_ok)
+            decision = self.observer.decide(prep, crashed_ok)
             if decision.action == "block":
                 return Look(Decision(name, "block", decision.cause), all_items=items)
             looked.append((prep, decision))
@@ -147,13 +155,13 @@ class Walking(Deciding):
     def _skip(self, step: StepDecl) -> Decision:
         """`when` is false: its outputs are what it recorded, and what depends on it sees the digest "skipped"
         (in plan as in apply: a skipped upstream is not a change)."""
-        self.digests[step.name] = "skipped"
+        self.run.digests[step.name] = "skipped"
         return Decision(step.name, "skip", cause("when_false", when=step.common.when))
 
     def _after(self, name: str, pending: list[str], items: int | None = None) -> Decision:
         """A step that cannot be known before what it waits on runs: it runs for certain when it has never run
         (`+ run`), and maybe otherwise (`~ maybe`: only if their outputs change)."""
-        never_ran = self.record(name) is None
+        never_ran = self.run.record(name) is None
         action: Action = "run" if never_ran else "maybe"
         return Decision(name, action, cause("after_upstream", pending=pending, never_ran=never_ran, items=items))
 
@@ -175,4 +183,4 @@ def outcome_of(decision: Decision) -> Outcome:
     return OUTCOME_OF_ACTION[decision.action]
 
 
-__all__ = ["Cause", "Look", "Outcome", "Walking", "outcome_of"]
+__all__ = ["Cause", "Look", "Outcome", "Walk", "outcome_of"]
