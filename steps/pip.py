@@ -30,20 +30,16 @@ that machine's interpreter and pip: paths are paths there, and the check is one 
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
+import posixpath
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
-from runner.util.interpreter import this_python
 from runner.util.text import is_template
-from steps._support.files import content_digest
-from steps._support.installer import find_uv, pip_settings, uv_arguments
-from steps._support.process import run_process
+from steps._support.installer import choose_uv, pip_settings, uv_arguments
+from steps._support.machine import machine_for
+from steps._support.pip_env import Env, PipFact
 from steps._support.python_env import (
     SIMPLE_REQUIREMENT,
     canonical,
@@ -51,16 +47,16 @@ from steps._support.python_env import (
     check_editable,
     editable_dist,
     forget_query,
+    inherit_files,
     known_satisfied,
     merge,
     query,
     raise_failure,
     remember_satisfied,
     verdict_key,
+    write_inherit,
 )
 from steps.base import Change, Probe, SpecModel, StepContext, StepError, StepKind, machine_named
-
-INHERIT_PTH = "_runner_inherit.pth"
 
 
 class PipSpec(SpecModel):
@@ -134,138 +130,119 @@ class PipStep(StepKind[PipSpec]):
     cosmetic_fields = frozenset({"installer"})
     outputs = frozenset({"versions", "python", "host"})
 
-    _remote: Any = None
+    _env: Env | None = None
 
-    def away(self, ctx: StepContext) -> Any:
-        """The install on another machine (the step's `host`), or None."""
-        if not ctx.host:
-            return None
-        if self._remote is None:
-            from steps._support.remote_pip import RemotePip
+    # ---- what the machine has: one fact (in-process here, one round trip there) -----------------------------
 
-            self._remote = RemotePip(self, ctx.host)
-        return self._remote
-
-    # ---- where ----------------------------------------------------------------------------------------
-
-    def base_python(self, ctx: StepContext) -> str:
+    def _fact(self, ctx: StepContext) -> PipFact:
         spec = self.spec
-        name = spec.python or "python3"
-        if "/" in name:
-            return str(ctx.resolve(name))
-        found = shutil.which(name, path=ctx.env.get("PATH"))
-        if found:
-            return found
-        if spec.python is None:
-            return this_python()
-        raise StepError(f"no interpreter {name!r} on PATH", hint="give `python:` as a full path")
+        where = machine_for(ctx.host).where
+        return PipFact(spec.python, spec.venv, spec.requirements, spec.constraints, spec.editable, where)
 
-    def target_python(self, ctx: StepContext) -> str:
-        spec = self.spec
-        if spec.venv:
-            return str(ctx.resolve(spec.venv) / "bin" / "python")
-        return self.base_python(ctx)
+    def env(self, ctx: StepContext) -> Env:
+        """The interpreter and the inputs as the step's machine has them, looked at once until something changes."""
+        if self._env is None:
+            self._env = machine_for(ctx.host).fact(ctx, self._fact(ctx))
+        return self._env
 
-    # ---- what -----------------------------------------------------------------------------------------
+    def _forget(self, ctx: StepContext) -> None:
+        """After a change to the interpreter: look again (here its kept listing goes too)."""
+        if self._env is not None and self._env.cache is not None:
+            forget_query(self._env.python, self._env.cache)
+        self._env = None
 
-    def _files(self, ctx: StepContext) -> tuple[list[str], list[str], list[Path]]:
-        """(requirement lines, editable paths, files read) from the spec and its requirements files."""
+    def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
+        env = self.env(ctx)
+        if env.missing and ctx.host:  # read there before anything runs (a venv made, pip asked); plan agrees
+            raise StepError(
+                f"requirements file {env.missing[0]} is missing{machine_for(ctx.host).where}",
+                hint=f"the requirements and constraints paths of a pip step with `host:` are read on {ctx.host}",
+            )
+        return env.fingerprint
+
+    # ---- checking ---------------------------------------------------------------------------------------
+
+    def _lines(self, env: Env) -> tuple[list[str], list[str]]:
+        """(requirement lines, editables as python_env.check_editable takes them) from the spec and the
+        requirements files as the machine has them (options such as `--index-url` left out)."""
         spec = self.spec
         reqs = list(spec.packages)
-        editables = [str(ctx.resolve(p)) for p in spec.editable]
-        read: list[Path] = []
+        editables = [e for e in (env.editables.get(p) for p in spec.editable) if e is not None]
+        seen: set[str] = set()
 
-        def visit(path: Path, depth: int) -> None:
-            if depth > 10 or path in read:
+        def visit(key: str, depth: int) -> None:
+            text = env.files.get(key)
+            if text is None or key in seen or depth > 10:
                 return
-            read.append(path)
-            try:
-                lines = path.read_text(encoding="utf-8").splitlines()
-            except OSError as exc:
-                raise StepError(f"cannot read requirements file {path}: {exc.strerror}") from None
-            for raw in lines:
+            seen.add(key)
+            base = posixpath.dirname(key)
+            for raw in text.splitlines():
                 line = raw.split(" #", 1)[0].strip()
                 if not line or line.startswith("#"):
                     continue
                 if line.startswith(("-r ", "--requirement ")):
-                    visit((path.parent / line.split(None, 1)[1]).resolve(), depth + 1)
-                elif line.startswith(("-e ", "--editable ")):
+                    visit(str(Path(base, line.split(None, 1)[1]).resolve()), depth + 1)
+                elif line.startswith(("-e ", "--editable ")) and env.here:  # a path beside the file, here
                     target = line.split(None, 1)[1]
-                    editables.append(str((path.parent / target).resolve()) if "://" not in target else target)
-                elif line.startswith("-"):
-                    continue  # options: part of the fingerprint through the file's content
-                else:
+                    editables.append(str((Path(base) / target).resolve()) if "://" not in target else target)
+                elif not line.startswith("-"):
                     reqs.append(line)
 
-        for item in spec.requirements:
-            visit(ctx.resolve(item), 0)
-        return reqs, editables, read
+        for path in spec.requirements:
+            visit(env.keys.get(path, path), 0)
+        return reqs, editables
 
-    def fingerprint_extra(self, ctx: StepContext) -> dict[str, Any]:
-        if self.away(ctx):
-            return self.away(ctx).fingerprint_extra(ctx)
-        spec = self.spec
-        files = [ctx.resolve(p) for p in spec.requirements + spec.constraints]
-        for path in spec.editable:
-            root = ctx.resolve(path)
-            files += [root / n for n in ("pyproject.toml", "setup.cfg", "setup.py") if (root / n).exists()]
-        try:
-            _, _, read = self._files(ctx)
-        except StepError:
-            read = []
-        files += [p for p in read if p not in files]
-        return {"files": content_digest(files, ctx)} if files else {}
-
-    # ---- checking ---------------------------------------------------------------------------------------
-
-    def unsatisfied(self, ctx: StepContext, python: str, wanted: list[str] | None = None) -> list[str]:
+    def unsatisfied(self, ctx: StepContext, wanted: list[str] | None = None) -> list[str]:
         """Why the environment does not satisfy the spec: one line per problem, empty when it does. `wanted`
         collects what would fix each: a requirement (marker evaluated and dropped) or `-e PATH`."""
-        data = query(python, ctx.env, ctx.state_dir / "cache")
-        reqs, editables, _ = self._files(ctx)
+        env = self.env(ctx)
+        if env.error is not None:
+            raise env.error
+        where = machine_for(ctx.host).where
+        problems = [f"requirements file {p} is missing{where}" for p in env.missing]
+        data = env.data()
+        reqs, editables = self._lines(env)
         key = verdict_key(reqs, editables)
-        if known_satisfied(data, key):
+        if not problems and known_satisfied(data, key):
             return []
         from packaging.requirements import InvalidRequirement, Requirement
 
         dists: dict[str, Any] = data["dists"]
-        env: dict[str, str] = data["env"]
-        problems: list[str] = []
-        seen: set[str] = set()
+        marker_env: dict[str, str] = data["env"]
+        checked: set[str] = set()
         for line in reqs:
             try:
                 req = Requirement(line)
             except InvalidRequirement:
                 continue  # URLs and the like that packaging does not parse: the fingerprint covers them
-            problems += check(req, dists, env, seen, wanted=wanted)
+            problems += check(req, dists, marker_env, checked, wanted=wanted)
+        for path in self.spec.editable:
+            if env.editables.get(path) is None:
+                problems.append(f"{path} does not exist{where}")
         for path in editables:
-            problems += check_editable(path, dists, env, seen, wanted)
-        if not problems:
-            remember_satisfied(python, data, key, ctx.state_dir / "cache")
+            problems += check_editable(path, dists, marker_env, checked, wanted)
+        if not problems and env.cache is not None:
+            remember_satisfied(env.python, data, key, env.cache)
         return problems
 
     def describe_changes(self, ctx: StepContext, old_spec: dict[str, Any], changes: list[Change]) -> list[Change]:
         """The spec changed: say what that means for this environment (`e2b: 2.63.0 installed, wants <2.51`)."""
-        if self.away(ctx):
+        if not self.env(ctx).exists:
             return changes
-        python = self.target_python(ctx)
-        if "/" in python and not Path(python).exists():
-            return changes
-        problems = self.unsatisfied(ctx, python)
+        problems = self.unsatisfied(ctx)
         return changes + [Change.fact(p) for p in problems or ["(already satisfied: pip will not run)"]]
 
     def probe(self, ctx: StepContext) -> Probe:
-        if self.away(ctx):
-            return self.away(ctx).probe(ctx)
-        python = self.target_python(ctx)
-        if not Path(python).exists() and "/" in python:
-            return Probe.missing(f"{python} does not exist" + (" (no venv yet)" if self.spec.venv else ""))
+        env = self.env(ctx)
+        where = machine_for(ctx.host).where
+        if not env.exists:
+            return Probe.missing(f"{env.python} does not exist{where}" + (" (no venv yet)" if self.spec.venv else ""))
         if self.spec.venv and self.spec.inherit_packages and not self._inherit_files(ctx):
             return Probe.missing("the venv does not inherit its base interpreter's packages yet")
-        problems = self.unsatisfied(ctx, python)
+        problems = self.unsatisfied(ctx)
         if problems:
             return Probe.drift("; ".join(problems), tuple(problems))
-        return Probe.ok()
+        return Probe.ok(f"satisfied{where}" if where else "")
 
     # ---- apply ----------------------------------------------------------------------------------------
 
@@ -274,57 +251,62 @@ class PipStep(StepKind[PipSpec]):
         that is not the step's own venv are left alone)."""
         if not purge or not self.spec.venv:
             return None
-        if self.away(ctx):
-            return self.away(ctx).teardown(ctx, dry_run)
-        venv = ctx.resolve(self.spec.venv)
-        if venv.is_symlink() or not (venv / "pyvenv.cfg").is_file():
+        machine = machine_for(ctx.host)
+        venv = machine.path(ctx, self.spec.venv)
+        code, _ = machine.ask(ctx, ["sh", "-c", '[ -f "$1/pyvenv.cfg" ] && [ ! -L "$1" ]', "-", venv])
+        if code != 0:
             return None
         if dry_run:
-            return f"would remove the venv {venv}"
-        shutil.rmtree(venv)
-        forget_query(str(venv / "bin" / "python"), ctx.state_dir / "cache")
-        return f"removed the venv {venv}"
+            return f"would remove the venv {venv}{machine.where}"
+        machine.remove_tree(ctx, venv)
+        forget_query(posixpath.join(venv, "bin", "python"), ctx.state_dir / "cache")
+        return f"removed the venv {venv}{machine.where}"
 
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        if self.away(ctx):
-            return self.away(ctx).apply(ctx)
         spec = self.spec
+        machine = machine_for(ctx.host)
         made_venv = False
         uv: str | None = None
         if spec.venv:
-            root = ctx.resolve(spec.venv)
-            made_venv = not (root / "bin" / "python").exists()
-            uv = self._choose(ctx, str(root))
-            self._ensure_venv(ctx, with_pip=uv is None)
-        python = self.target_python(ctx)
-        forget_query(python, ctx.state_dir / "cache")
+            root = machine.path(ctx, spec.venv)
+            made_venv = not self.env(ctx).exists
+            uv = self._choose(ctx, root)
+            self._ensure_venv(ctx, root, with_pip=uv is None)
+        self._forget(ctx)
+        env = self.env(ctx)
+        if not env.exists:
+            raise StepError(
+                f"no interpreter {env.python!r}{machine.where}",
+                hint="give `python:` as a full path there, or install Python 3 there",
+            )
         wanted: list[str] = []
-        problems = self.unsatisfied(ctx, python, wanted)
+        problems = self.unsatisfied(ctx, wanted)
         ctx.changed = made_venv or bool(problems)
         if not problems:
             ctx.on_output("every requirement is already satisfied: nothing installed")
-            return {"versions": self._versions(ctx, python), "python": python}
+            return self._outputs(ctx)
         ctx.on_output("to install: " + "; ".join(problems))
         if not spec.venv:
-            uv = self._choose(ctx, query(python, ctx.env, ctx.state_dir / "cache")["prefix"])
+            uv = self._choose(ctx, env.data().get("prefix", ""))
         left = problems
         if uv is not None:
-            left = self._install_uv(ctx, python, uv, problems, wanted)
+            left = self._install_uv(ctx, uv, problems, wanted)
         if left:
             if uv is not None:
                 ctx.on_output("uv left: " + "; ".join(left) + " — pip finishes")
-            self._install_pip(ctx, python)
-            left = self._recheck(ctx, python)
+            self._install_pip(ctx)
+            left = self._recheck(ctx)
         if left:
             raise StepError(
-                "the install finished but the environment still does not satisfy the spec: " + "; ".join(left),
+                f"the install finished but the environment{machine.where} still does not satisfy the spec: "
+                + "; ".join(left),
                 hint="a conflicting constraint or a package that installs under another name",
             )
-        return {"versions": self._versions(ctx, python), "python": python}
+        return self._outputs(ctx)
 
-    def _recheck(self, ctx: StepContext, python: str, wanted: list[str] | None = None) -> list[str]:
-        forget_query(python, ctx.state_dir / "cache")
-        return self.unsatisfied(ctx, python, wanted)
+    def _recheck(self, ctx: StepContext, wanted: list[str] | None = None) -> list[str]:
+        self._forget(ctx)
+        return self.unsatisfied(ctx, wanted)
 
     # ---- which installer ------------------------------------------------------------------------------
 
@@ -334,36 +316,17 @@ class PipStep(StepKind[PipSpec]):
         return uv_arguments(pip_settings(ctx.env, prefix), has_index=bool(self.spec.index_url))
 
     def _choose(self, ctx: StepContext, prefix: str) -> str | None:
-        """The uv binary to install with, or None for pip (and why, in the step's output)."""
-        spec = self.spec
-        if spec.installer == "pip":
+        """The uv binary to install with, or None for pip (and why, in the step's output). uv is runner's, so
+        this machine's: on another, pip installs (`installer: uv` with `host:` is refused at load)."""
+        if self.spec.installer == "pip" or ctx.host:
             return None
-        uv = find_uv(ctx.env)
-        if uv is None:
-            if spec.installer == "uv":
-                raise StepError(
-                    "installer: uv, but there is no uv: neither the `uv` package beside runner nor `uv` on PATH",
-                    hint="pip install uv (a dependency of runner), or drop `installer: uv` to fall back to pip",
-                    field="installer",
-                )
-            ctx.on_output("no uv found (pip install uv): installing with pip")
-            return None
-        if spec.installer == "auto":
-            if spec.extra_args:
-                ctx.on_output("extra_args are pip's arguments: installing with pip")
-                return None
-            _, _, left = self._settings(ctx, prefix)
-            if left:
-                ctx.on_output(f"pip's configuration sets {', '.join(left)}, which uv is not told: installing with pip")
-                return None
-        return uv
+        config = None if self.spec.extra_args else self._settings(ctx, prefix)[2]
+        return choose_uv(self.spec.installer, ctx.env, bool(self.spec.extra_args), config, ctx.on_output)
 
     # ---- installing -----------------------------------------------------------------------------------
 
-    def _child_env(self, ctx: StepContext) -> dict[str, str]:
-        env = {k: v for k, v in ctx.env.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-        env.pop("VIRTUAL_ENV", None)
-        return env
+    def _path(self, ctx: StepContext, path: str) -> str:
+        return machine_for(ctx.host).path(ctx, path)
 
     def _index_args(self, ctx: StepContext) -> list[str]:
         """The step's own index, link and constraint flags (spelled the same for pip and uv)."""
@@ -374,30 +337,35 @@ class PipStep(StepKind[PipSpec]):
         for url in spec.extra_index_urls:
             argv += ["--extra-index-url", url]
         for link in spec.find_links:
-            argv += ["--find-links", link if "://" in link else str(ctx.resolve(link))]
+            argv += ["--find-links", link if "://" in link else self._path(ctx, link)]
         if spec.no_index:
             argv.append("--no-index")
         if spec.no_build_isolation:
             argv.append("--no-build-isolation")
         for path in spec.constraints:
-            argv += ["-c", str(ctx.resolve(path))]
+            argv += ["-c", self._path(ctx, path)]
         return argv
 
     def _targets(self, ctx: StepContext) -> list[str]:
         spec = self.spec
         argv = list(spec.packages)
         for path in spec.requirements:
-            argv += ["-r", str(ctx.resolve(path))]
+            argv += ["-r", self._path(ctx, path)]
         for path in spec.editable:
-            argv += ["-e", str(ctx.resolve(path))]
+            argv += ["-e", self._path(ctx, path)]
         return argv
 
-    def _install_uv(self, ctx: StepContext, python: str, uv: str, left: list[str], wanted: list[str]) -> list[str]:
+    def _run(self, ctx: StepContext, argv: list[str], env: dict[str, str] | None = None) -> Any:
+        """An installer's command on the step's machine, without the variables that would point it elsewhere."""
+        return machine_for(ctx.host).run(ctx, argv, env={"PIP_NO_INPUT": "1", **(env or {})}, drop=CHILD_DROP)
+
+    def _install_uv(self, ctx: StepContext, uv: str, left: list[str], wanted: list[str]) -> list[str]:
         """Install with uv; what is still unsatisfied after it (empty when uv did it all). In a venv that
         inherits packages uv would not see them and would install its own copies, so there uv installs only
         what is missing, without dependencies, and again for what that still lacks, a few rounds at most."""
         spec = self.spec
-        prefix = str(ctx.resolve(spec.venv)) if spec.venv else query(python, ctx.env, ctx.state_dir / "cache")["prefix"]
+        python = self.env(ctx).python
+        prefix = self._path(ctx, spec.venv) if spec.venv else self.env(ctx).data()["prefix"]
         config, variables, _ = self._settings(ctx, prefix)
         flags = config + self._index_args(ctx)
         if spec.pre:
@@ -406,90 +374,79 @@ class PipStep(StepKind[PipSpec]):
             flags += ["--index-strategy", "unsafe-best-match"]  # pip's: the best version from every index
         flags += list(spec.extra_args) if spec.installer == "uv" else []
         base = [uv, "pip", "install", "--python", python, *flags]
-        env = {**self._child_env(ctx), **variables}
         ctx.on_output(f"installing with uv ({uv})")
         if not (spec.venv and spec.inherit_packages):
-            result = run_process([*base, *self._targets(ctx)], ctx, cwd=ctx.pipeline_dir, env=env)
+            result = self._run(ctx, [*base, *self._targets(ctx)], variables)
             if result.returncode != 0:
-                return self._uv_failed(ctx, python, result)
-            return self._recheck(ctx, python)
+                return self._uv_failed(ctx, result)
+            return self._recheck(ctx)
         for _ in range(8):
             if not left or not wanted:
                 return left
             argv = [*base, "--no-deps"]
             for item in merge(wanted):
                 argv += ["-e", item[3:]] if item.startswith("-e ") else [item]
-            result = run_process(argv, ctx, cwd=ctx.pipeline_dir, env=env)
+            result = self._run(ctx, argv, variables)
             if result.returncode != 0:
-                return self._uv_failed(ctx, python, result)
+                return self._uv_failed(ctx, result)
             wanted = []
-            left = self._recheck(ctx, python, wanted)
+            left = self._recheck(ctx, wanted)
         return left
 
-    def _uv_failed(self, ctx: StepContext, python: str, result: Any) -> list[str]:
+    def _uv_failed(self, ctx: StepContext, result: Any) -> list[str]:
         """uv failed: with `installer: uv` that is the step's failure; with `auto`, pip tries."""
         if self.spec.installer == "uv":
             raise_failure("uv pip install", result)
         errors = [line.strip() for line in result.tail if line.strip()]
         ctx.on_output("uv failed" + (f" ({errors[-1][:200]})" if errors else "") + ": trying pip")
-        return self._recheck(ctx, python) or ["uv failed"]
+        return self._recheck(ctx) or ["uv failed"]
 
-    def _ensure_pip(self, ctx: StepContext, python: str) -> None:
+    def _ensure_pip(self, ctx: StepContext) -> None:
         """pip in the target interpreter (a venv made for uv has none): ensurepip, which needs no network."""
-        if "pip" in query(python, ctx.env, ctx.state_dir / "cache")["dists"]:
+        env = self.env(ctx)
+        if "pip" in env.data()["dists"]:
             return
-        ctx.on_output(f"{python} has no pip: installing it with ensurepip")
-        result = run_process([python, "-m", "ensurepip", "--default-pip"], ctx, env=self._child_env(ctx))
-        forget_query(python, ctx.state_dir / "cache")
+        ctx.on_output(f"{env.python} has no pip: installing it with ensurepip")
+        result = self._run(ctx, [env.python, "-m", "ensurepip", "--default-pip"])
+        self._forget(ctx)
         if result.returncode != 0:
-            raise StepError(f"{python} has no pip and ensurepip failed", output_tail="\n".join(result.tail))
+            raise StepError(f"{env.python} has no pip and ensurepip failed", output_tail="\n".join(result.tail))
 
-    def _install_pip(self, ctx: StepContext, python: str) -> None:
+    def _install_pip(self, ctx: StepContext) -> None:
         spec = self.spec
-        self._ensure_pip(ctx, python)
+        self._ensure_pip(ctx)
+        python = self.env(ctx).python
         argv = [python, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", *self._index_args(ctx)]
         if spec.pre:
             argv.append("--pre")
         argv += list(spec.extra_args) + self._targets(ctx)
         ctx.on_output("installing with pip")
-        result = run_process(argv, ctx, cwd=ctx.pipeline_dir, env=self._child_env(ctx))
+        result = self._run(ctx, argv)
         if result.returncode != 0:
-            raise_failure("pip install", result)
+            raise_failure(f"pip install{machine_for(ctx.host).where}", result)
 
-    def _ensure_venv(self, ctx: StepContext, with_pip: bool = True) -> None:
-        assert self.spec.venv
-        root = ctx.resolve(self.spec.venv)
-        if not ((root / "pyvenv.cfg").exists() and (root / "bin" / "python").exists()):
-            base = self.base_python(ctx)
+    def _ensure_venv(self, ctx: StepContext, root: str, with_pip: bool = True) -> None:
+        machine = machine_for(ctx.host)
+        there = machine.entry(ctx, posixpath.join(root, "pyvenv.cfg")) == "file"
+        if not (there and self.env(ctx).exists):
+            base = self._fact(ctx).base(ctx) if not ctx.host else (self.spec.python or "python3")
             ctx.on_output(f"creating virtual environment {root} with {base}" + ("" if with_pip else " (no pip)"))
-            argv = [base, "-m", "venv", "--clear", *([] if with_pip else ["--without-pip"]), str(root)]
-            result = run_process(argv, ctx, env=ctx.env)
+            argv = [base, "-m", "venv", "--clear", *([] if with_pip else ["--without-pip"]), root]
+            result = machine.run(ctx, argv, drop=CHILD_DROP)
             if result.returncode != 0:
-                raise StepError(f"creating the venv {root} failed", output_tail="\n".join(result.tail))
-        self._write_inherit(ctx, root)
+                raise StepError(f"creating the venv {root}{machine.where} failed", output_tail="\n".join(result.tail))
+            self._forget(ctx)
+        self._write_inherit(ctx, Path(root))
 
     def _inherit_files(self, ctx: StepContext) -> list[Path]:
         assert self.spec.venv
-        return sorted(ctx.resolve(self.spec.venv).glob(f"lib/python*/site-packages/{INHERIT_PTH}"))
+        return inherit_files(ctx.resolve(self.spec.venv))
 
     def _write_inherit(self, ctx: StepContext, root: Path) -> None:
-        targets = sorted(root.glob("lib/python*/site-packages"))
-        if not self.spec.inherit_packages:
-            for target in targets:
-                (target / INHERIT_PTH).unlink(missing_ok=True)
-            return
-        base = self.base_python(ctx)
-        query = "import json, site, sys; print(json.dumps(site.getsitepackages()))"
-        try:
-            done = subprocess.run([base, "-I", "-c", query], capture_output=True, text=True, timeout=60)
-            dirs = [d for d in json.loads(done.stdout) if isinstance(d, str)]
-        except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
-            raise StepError(f"cannot read the site-packages of {base}: {exc}") from None
-        own = {os.path.realpath(t) for t in targets}
-        lines = [d for d in dirs if os.path.realpath(d) not in own]
-        for target in targets:
-            (target / INHERIT_PTH).write_text("".join(f"{d}\n" for d in lines), encoding="utf-8")
-        ctx.on_output(f"the venv inherits the packages of {base}")
+        """`inherit_packages` (this machine only: refused with `host:` at load)."""
+        if not ctx.host:
+            base = self._fact(ctx).base(ctx) if self.spec.inherit_packages else ""
+            write_inherit(root, base, ctx.on_output)
 
     def note(self, outputs: dict[str, Any]) -> str:
         """What the requirements resolved to (e.g. the e2b an expression pinned), a few at most."""
@@ -500,11 +457,12 @@ class PipStep(StepKind[PipSpec]):
         more = len(versions) - len(shown)
         return ", ".join(shown) + (f" and {more} more" if more > 0 else "")
 
-    def _versions(self, ctx: StepContext, python: str) -> dict[str, str]:
+    def _outputs(self, ctx: StepContext) -> dict[str, Any]:
         from packaging.requirements import InvalidRequirement, Requirement
 
-        dists = query(python, ctx.env, ctx.state_dir / "cache")["dists"]
-        reqs, editables, _ = self._files(ctx)
+        env = self.env(ctx)
+        dists = env.data()["dists"]
+        reqs, editables = self._lines(env)
         out: dict[str, str] = {}
         for line in reqs:
             try:
@@ -517,7 +475,11 @@ class PipStep(StepKind[PipSpec]):
             found = editable_dist(path, dists)
             if found:
                 out[found["name"]] = found["version"]
-        return dict(sorted(out.items()))
+        outputs = {"versions": dict(sorted(out.items())), "python": env.python}
+        return {**outputs, "host": ctx.host} if ctx.host else outputs
+
+
+CHILD_DROP = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")  # what would point an installer at another environment
 
 
 __all__ = ["PipSpec", "PipStep", "canonical", "forget_query", "query"]

@@ -212,16 +212,16 @@ def test_the_multinode_launcher_runs_on_the_head_as_upstream_runs_it() -> None:
     assert "E2B_API_KEY" not in env  # only the file's path reaches the job
     # the launcher runs ON the head (over ssh from the control machine), in the miles checkout (the script's
     # `cd $MILES_ROOT`), once every node's GPUs have joined (its `ray status` poll)
-    assert train["launch"]["host"] == "{{ vars.head_ssh }}" and train["launch"]["cwd"] == "{{ steps.miles.path }}"
+    assert train["host"] == "{{ vars.head_ssh }}" and train["launch"]["cwd"] == "{{ steps.miles.path }}"
     assert "ray_nodes" in train["needs"] and "ray_jobs_api" in steps["ray_nodes"]["needs"]
     nodes = steps["ray_nodes"]
-    assert nodes["assert"]["host"] == "{{ vars.head_ssh }}" and "ray status" in nodes["assert"]["command"]
+    assert nodes["host"] == "{{ vars.head_ssh }}" and "ray status" in nodes["assert"]["command"]
     assert nodes["retries"] * nodes["retry_delay"] == 900  # upstream: 90 polls, 10 s apart
-    assert steps["ray_jobs_api"]["wait"]["host"] == "{{ vars.head_ssh }}"
+    assert steps["ray_jobs_api"]["host"] == "{{ vars.head_ssh }}"
     assert "127.0.0.1:8265" in steps["ray_jobs_api"]["wait"]["http"]
     # the AgentENV host's prerequisites are checked on that host; the env is installed on every training node
     for name in ("aenv_kernel", "aenv_kvm", "aenv_ublk", "aenv_sysctls"):
-        assert steps[name]["assert"]["host"] == "{{ vars.aenv_ssh }}", name
+        assert steps[name]["host"] == "{{ vars.aenv_ssh }}", name
         assert name in steps["aenv"]["needs"]
     assert steps["tbench2_env"]["for_each"] == "{{ [vars.head_ssh] + vars.workers_ssh }}"
-    assert steps["tbench2_env"]["pip"]["host"] == "{{ item }}"
+    assert steps["tbench2_env"]["host"] == "{{ item }}"

@@ -16,7 +16,7 @@ import configparser
 import functools
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 # pip settings that change nothing about what gets installed (output, prompts, pip's own cache and checks)
@@ -153,3 +153,30 @@ def find_uv(env: Mapping[str, str]) -> str | None:
 
 
 __all__ = ["find_uv", "pip_settings", "uv_arguments"]
+
+
+def choose_uv(
+    installer: str, env: Mapping[str, str], extra_args: bool, unsaid: list[str] | None, say: Callable[[str], None]
+) -> str | None:
+    """The uv binary a pip step installs with (`installer` auto or uv), or None for pip, and why in `say`:
+    `extra_args` are pip's, and `unsaid` is what of pip's configuration uv cannot be told."""
+    from steps.base import StepError
+
+    uv = find_uv(env)
+    if uv is None:
+        if installer == "uv":
+            raise StepError(
+                "installer: uv, but there is no uv: neither the `uv` package beside runner nor `uv` on PATH",
+                hint="pip install uv (a dependency of runner), or drop `installer: uv` to fall back to pip",
+                field="installer",
+            )
+        say("no uv found (pip install uv): installing with pip")
+        return None
+    if installer == "auto":
+        if extra_args:
+            say("extra_args are pip's arguments: installing with pip")
+            return None
+        if unsaid:
+            say(f"pip's configuration sets {', '.join(unsaid)}, which uv is not told: installing with pip")
+            return None
+    return uv

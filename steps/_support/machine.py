@@ -159,11 +159,13 @@ class Machine:
         grace: float = 3.0,
         quiet: bool = False,
         on_transient: Callable[[str], None] | None = None,
+        drop: Sequence[str] = (),
     ) -> Completed:
         """`quiet`: its output goes to no log and no screen (a secret being read); `on_transient`: the lines a
-        carriage return ends (git's progress)."""
+        carriage return ends (git's progress); `drop`: variables the command must not get (an installer's
+        PYTHONPATH)."""
         where = ctx.resolve(cwd) if cwd else ctx.pipeline_dir
-        full = {**ctx.env, **(env or {})}
+        full = {k: v for k, v in {**ctx.env, **(env or {})}.items() if k not in drop}
         if "PWD" in full:
             full["PWD"] = str(where)
         if quiet:
@@ -288,6 +290,7 @@ class SshMachine(Machine):
         grace: float = 3.0,
         quiet: bool = False,
         on_transient: Callable[[str], None] | None = None,
+        drop: Sequence[str] = (),
     ) -> Completed:
         return remote.run(
             ctx,
@@ -299,6 +302,7 @@ class SshMachine(Machine):
             grace=grace,
             quiet=quiet,
             on_transient=on_transient,
+            drop=drop,
         )
 
     def failure(self, code: int, command: str | list[str], tail: Sequence[str], what: str = "command") -> StepError:

@@ -1,7 +1,7 @@
-"""What a Python environment has installed, as a fact: the interpreter query (one script run in the target
-interpreter, shared by every step on it in a run and kept on disk while nothing on its path changed), and the
-requirement checks against what it found. The pip kind uses it on this machine and remote_pip on another (the
-same query, run there); neither imports the other.
+"""What a Python environment has installed: the interpreter query (one script run in the target interpreter,
+shared by every step on it in a run and kept on disk while nothing on its path changed), and the requirement
+checks against what it found. steps/_support/pip_env.py asks it of a machine (here in-process, there the same
+query in one script) and the pip kind checks what comes back with the checks here.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 import re
 import subprocess
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -355,3 +355,32 @@ def check_editable(
     source = direct.get("url", "").removeprefix("file://") or "an index"
     kind = "editable from" if (direct.get("dir_info") or {}).get("editable") else "installed from"
     return [f"{dist['name']} is {kind} {source}, wants editable from {path}"]
+
+
+INHERIT_PTH = "_runner_inherit.pth"
+
+
+def inherit_files(root: Path) -> list[Path]:
+    """A venv's .pth files that name its base interpreter's site-packages (pip's `inherit_packages`)."""
+    return sorted(root.glob(f"lib/python*/site-packages/{INHERIT_PTH}"))
+
+
+def write_inherit(root: Path, base: str, say: Callable[[str], None]) -> None:
+    """The venv at `root` sees the packages of `base` (its site-packages in a .pth file, after its own), or, with
+    no `base`, no longer does."""
+    targets = sorted(root.glob("lib/python*/site-packages"))
+    if not base:
+        for target in targets:
+            (target / INHERIT_PTH).unlink(missing_ok=True)
+        return
+    ask = "import json, site, sys; print(json.dumps(site.getsitepackages()))"
+    try:
+        done = subprocess.run([base, "-I", "-c", ask], capture_output=True, text=True, timeout=60)
+        dirs = [d for d in json.loads(done.stdout) if isinstance(d, str)]
+    except (OSError, ValueError, subprocess.TimeoutExpired) as exc:
+        raise StepError(f"cannot read the site-packages of {base}: {exc}") from None
+    own = {os.path.realpath(t) for t in targets}
+    lines = [d for d in dirs if os.path.realpath(d) not in own]
+    for target in targets:
+        (target / INHERIT_PTH).write_text("".join(f"{d}\n" for d in lines), encoding="utf-8")
+    say(f"the venv inherits the packages of {base}")

@@ -63,11 +63,13 @@ def run(
     grace: float = 3.0,
     quiet: bool = False,
     on_transient: Callable[[str], None] | None = None,
+    drop: Sequence[str] = (),
 ) -> Completed:
     """Run a step's command on the host, its output streamed to the step's log as a local one's is. The command
     stops when runner stops it (timeout, Ctrl-C) or dies: the script's stdin is the line that holds it."""
     ssh.connect(target)
-    script = ssh.guarded(body_of(command), variables(ctx, env or {}), cwd, stop_signal, grace)
+    sent = {k: v for k, v in variables(ctx, env or {}).items() if k not in drop}
+    script = ssh.guarded(body_of(command), sent, cwd, stop_signal, grace)
     remote, data = ssh.payload(script)
     runner_ctx = replace(ctx, log_path=None, on_output=lambda line: None) if quiet else ctx
     try:
