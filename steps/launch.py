@@ -37,9 +37,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from runner.util.text import argv_of
-from steps._support import remote
 from steps._support.files import check_patterns, expand, remove_created
-from steps._support.process import run_process
+from steps._support.machine import machine_for
 from steps._support.ray_jobs import RayJob, RaySpec
 from steps._support.supervise import TOKEN_VARIABLE, carries, start_time, write
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping, machine_named
@@ -212,14 +211,10 @@ class LaunchStep(StepKind[LaunchSpec]):
             return self.ray.probe(ctx)
         if (away := self.away(ctx)) is not None:
             return away.probe(ctx)
-        if ctx.host:
-            if not self.spec.creates:
-                return Probe.ok()
-            missing, _ = remote.observe(ctx.host, self.spec.cwd, self.spec.creates, [])
-            return Probe.missing(f"{missing} is missing on {ctx.host} (the job makes it)") if missing else Probe.ok()
-        if not self.spec.detach:
-            missing = self._missing_output(ctx)
-            return Probe.missing(f"{missing} is missing (the job makes it)") if missing else Probe.ok()
+        if not self.spec.detach:  # on the step's machine: this one or the host's, one round trip there
+            machine = machine_for(ctx.host)
+            missing = machine.look(ctx, self.spec.cwd, self.spec.creates, [])[0] if self.spec.creates else None
+            return Probe.missing(f"{missing} is missing{machine.where} (the job makes it)") if missing else Probe.ok()
         job = self.job(ctx)
         if job is None:
             return Probe.missing("no job recorded in .runner/jobs")
@@ -303,28 +298,11 @@ class LaunchStep(StepKind[LaunchSpec]):
             self._stop_moved(ctx, moved)
         if (away := self.away(ctx)) is not None:
             return away.apply(ctx)
-        if ctx.host:
-            return self._remote_foreground(ctx, ctx.host)
+        if not spec.detach:
+            return self._foreground(ctx)
         cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
         if not cwd.is_dir():
             raise StepError(f"working directory does not exist: {cwd}")
-        if not spec.detach:
-            result = run_process(
-                self._argv(),
-                ctx,
-                cwd=cwd,
-                env=self._env(ctx),
-                stop_signal=getattr(signal, f"SIG{spec.stop_signal}"),
-                grace=spec.stop_timeout,
-            )
-            if result.returncode != 0:
-                raise StepError(f"the job exited with code {result.returncode}", output_tail="\n".join(result.tail))
-            missing = self._missing_output(ctx)
-            if missing:
-                raise StepError(
-                    f"the job succeeded but did not create {missing}", hint="fix the job or the `creates` path"
-                )
-            return {"exit_code": 0, "detached": False}
         job = self.job(ctx)
         if job and _alive(job):
             if job.get("fingerprint") == ctx.fingerprint:
@@ -334,18 +312,23 @@ class LaunchStep(StepKind[LaunchSpec]):
             self._stop(ctx, job)
         return self._start(ctx, cwd)
 
-    def _remote_foreground(self, ctx: StepContext, host: str) -> dict[str, Any]:
+    def _foreground(self, ctx: StepContext) -> dict[str, Any]:
+        """In the foreground, on the step's machine: its output streamed, stopped with the step."""
         spec = self.spec
-        result = remote.run(
-            ctx, host, spec.command, cwd=spec.cwd, env=spec.env, stop_signal=spec.stop_signal, grace=spec.stop_timeout
+        machine = machine_for(ctx.host)
+        result = machine.run(
+            ctx, spec.command, cwd=spec.cwd, env=spec.env, stop_signal=spec.stop_signal, grace=spec.stop_timeout
         )
         if result.returncode != 0:
-            raise remote.failure(host, result.returncode, spec.command, result.tail, what="the job")
-        if spec.creates:
-            missing, _ = remote.observe(host, spec.cwd, spec.creates, [])
-            if missing:
-                raise StepError(f"the job succeeded but did not create {missing} on {host}")
-        return {"exit_code": 0, "detached": False, "host": host}
+            raise machine.failure(result.returncode, spec.command, result.tail, what="the job")
+        missing = machine.look(ctx, spec.cwd, spec.creates, [])[0] if spec.creates else None
+        if missing:
+            raise StepError(
+                f"the job succeeded but did not create {missing}{machine.where}",
+                hint="fix the job or the `creates` path",
+            )
+        outputs: dict[str, Any] = {"exit_code": 0, "detached": False}
+        return {**outputs, "host": ctx.host} if ctx.host else outputs
 
     def _start(self, ctx: StepContext, cwd: Path) -> dict[str, Any]:
         jobfile = self.job_path(ctx)

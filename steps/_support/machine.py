@@ -32,6 +32,7 @@ import os
 import platform
 import posixpath
 import shutil
+import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -165,12 +166,17 @@ class Machine:
         carriage return ends (git's progress); `drop`: variables the command must not get (an installer's
         PYTHONPATH)."""
         where = ctx.resolve(cwd) if cwd else ctx.pipeline_dir
+        if not where.is_dir():
+            raise StepError(f"working directory does not exist: {where}")
         full = {k: v for k, v in {**ctx.env, **(env or {})}.items() if k not in drop}
         if "PWD" in full:
             full["PWD"] = str(where)
         if quiet:
             ctx = replace(ctx, log_path=None, on_output=lambda line: None)
-        return run_process(argv_of(command), ctx, cwd=where, env=full, on_transient=on_transient)
+        stop = getattr(signal, f"SIG{stop_signal.upper().removeprefix('SIG')}", signal.SIGTERM)
+        return run_process(
+            argv_of(command), ctx, cwd=where, env=full, stop_signal=stop, grace=grace, on_transient=on_transient
+        )
 
     def failure(self, code: int, command: str | list[str], tail: Sequence[str], what: str = "command") -> StepError:
         shown = command if isinstance(command, str) else " ".join(command)
