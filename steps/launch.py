@@ -22,32 +22,21 @@ scripts run the launcher on the Ray head; detached, its state is read there in o
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import secrets
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from runner.util.text import argv_of
-from steps._support.files import check_patterns, expand, remove_created
+from steps._support.files import check_patterns
+from steps._support.jobs import LOCAL, JobState, jobs_on, read_job
 from steps._support.machine import machine_for
 from steps._support.ray_jobs import RayJob, RaySpec
-from steps._support.supervise import TOKEN_VARIABLE, carries, start_time, write
+from steps._support.supervise import write
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping, machine_named
-
-if TYPE_CHECKING:
-    from steps._support.remote_job import RemoteJob
-
-SUPERVISOR = Path(__file__).parent / "_support" / "supervise.py"
-START_GRACE = 0.5
 
 
 class LaunchSpec(SpecModel):
@@ -100,42 +89,18 @@ class LaunchSpec(SpecModel):
         return value
 
 
-def _live_pids(job: dict[str, Any]) -> list[int]:
-    """The job's processes that still run and are the ones the job file names: the supervisor (pid) and the job
-    itself (child_pid), each with its recorded start time and, where the file has one, the job's token in its
-    environment. A pid that was reused, or edited into the file, is not the job's."""
-    token = job.get("token")
-    live = []
-    for pid_key, time_key in (("pid", "start_time"), ("child_pid", "child_start_time")):
-        pid = job.get(pid_key)
-        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
-            continue
-        if time_key not in job and pid_key == "child_pid":
-            continue  # a job file from before children's start times were kept: the supervisor speaks for it
-        began = start_time(pid)
-        if began is None or began != job.get(time_key):
-            continue
-        if isinstance(token, str) and token and not carries(pid, token):
-            continue
-        live.append(pid)
-    return live
-
-
-def _alive(job: dict[str, Any]) -> bool:
-    return "exit_code" not in job and bool(_live_pids(job))
-
-
-def _orphaned(job: dict[str, Any]) -> bool:
-    """The job runs but its supervisor was killed: its exit status will not be recorded."""
-    live = _live_pids(job)
-    return bool(live) and job.get("pid") not in live
-
-
 def _when(ts: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if isinstance(ts, (int, float)) else "?"
 
 
+def _at(ts: Any) -> str:
+    return f" at {_when(ts)}" if isinstance(ts, (int, float)) else ""
+
+
 class LaunchStep(StepKind[LaunchSpec]):
+    """Written once against the step's machine: a foreground job through `machine.run`, a detached one through
+    that machine's jobs (steps/_support/jobs.py: here the Python supervisor, there a sh wrapper)."""
+
     kind = "launch"
     on_machine = True
     Spec = LaunchSpec
@@ -143,6 +108,8 @@ class LaunchStep(StepKind[LaunchSpec]):
         {"exit_code", "detached", "pid", "started", "log", "submission_id", "address", "status", "host"}
     )
     cosmetic_fields = frozenset({"stop_signal", "stop_timeout", "log"})
+
+    _seen: tuple[dict[str, Any], JobState] | None = None
 
     def remote_host(self, ctx: StepContext) -> str | None:
         return ctx.host if not self.spec.detach else None  # a detached job outlives the step on purpose
@@ -154,163 +121,131 @@ class LaunchStep(StepKind[LaunchSpec]):
     def ray(self) -> RayJob | None:
         return RayJob(self) if self.spec.ray is not None else None
 
-    _remote: RemoteJob | None = None
-
-    def away(self, ctx: StepContext) -> RemoteJob | None:
-        """The detached job on another machine (the step's `host` and `detach`), or None."""
-        if ctx.host is None or not self.spec.detach:
-            return None
-        if self._remote is None:
-            from steps._support.remote_job import RemoteJob
-
-            self._remote = RemoteJob(self, ctx.host)
-        return self._remote
-
     def preview(self, ctx: StepContext) -> str | None:
         return self.ray.secret_problem(ctx) if self.ray else None
 
     def remote_log(self, ctx: StepContext, follow: bool) -> Iterator[str] | None:
-        if (away := self.away(ctx)) is not None:
-            return away.logs(ctx, follow)
-        return self.ray.logs(ctx, follow) if self.ray else None
+        if self.ray:
+            return self.ray.logs(ctx, follow)
+        job = self.job(ctx) if self.spec.detach else None
+        if job is not None and job.get("host"):
+            return jobs_on(str(job["host"])).logs(ctx, job, follow)
+        if self.spec.detach and ctx.host and job is None:
+            raise StepError("no job was launched yet: there is no log")
+        return None
 
-    # ---- the job file ---------------------------------------------------------------------------------
+    # ---- the job file (here, wherever the job runs) -----------------------------------------------------
 
     def job_path(self, ctx: StepContext) -> Path:
         return ctx.state_dir / "jobs" / f"{ctx.name}.json"
 
     def log_file(self, ctx: StepContext) -> Path | None:
-        if not self.spec.detach or ctx.host:
+        if not self.spec.detach:
             return None
         job = self.job(ctx)
+        if job is not None and job.get("host"):
+            return None  # read there (remote_log)
         if job and isinstance(job.get("log"), str):
             return Path(job["log"])
-        return self._log(ctx)
-
-    def _log(self, ctx: StepContext) -> Path:
-        spec = self.spec
-        return ctx.resolve(spec.log) if spec.log else ctx.state_dir / "jobs" / f"{ctx.name}.log"
+        return None if ctx.host else Path(LOCAL.default_log(ctx, self.spec.log))
 
     def job(self, ctx: StepContext) -> dict[str, Any] | None:
-        try:
-            data = json.loads(self.job_path(ctx).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_job(self.job_path(ctx))
+
+    def _state(self, ctx: StepContext, job: dict[str, Any]) -> JobState:
+        """The job's state, read on the machine it runs on (one round trip there), `creates` with it when that is
+        the step's machine; kept until apply or stop acts on it."""
+        if self._seen is not None and self._seen[0] == job:
+            return self._seen[1]
+        here = self._runs_where_the_step_does(ctx, job)
+        creates = self.spec.creates if here else []
+        state = jobs_on(job.get("host")).state(ctx, job, self.spec.cwd if here else None, creates)
+        self._seen = (job, state)
+        return state
+
+    def _runs_where_the_step_does(self, ctx: StepContext, job: dict[str, Any]) -> bool:
+        return (job.get("host") or None) == (ctx.host or None)
+
+    def _where(self, ctx: StepContext, job: dict[str, Any]) -> str:
+        """Where a recorded job runs, as the end of a message: " on HOST", "" here (" on this machine" when the
+        step now runs its job elsewhere)."""
+        where = jobs_on(job.get("host")).where
+        return where or ("" if self._runs_where_the_step_does(ctx, job) else " on this machine")
 
     # ---- probe ----------------------------------------------------------------------------------------
-
-    def _missing_output(self, ctx: StepContext) -> str | None:
-        for pattern in self.spec.creates:
-            if not expand(ctx.resolve(pattern), ctx):
-                return pattern
-        return None
 
     def probe(self, ctx: StepContext) -> Probe:
         if self.ray:
             return self.ray.probe(ctx)
-        if (away := self.away(ctx)) is not None:
-            return away.probe(ctx)
-        if not self.spec.detach:  # on the step's machine: this one or the host's, one round trip there
+        spec = self.spec
+        if not spec.detach:  # on the step's machine: this one or the host's, one round trip there
             machine = machine_for(ctx.host)
-            missing = machine.look(ctx, self.spec.cwd, self.spec.creates, [])[0] if self.spec.creates else None
+            missing = machine.look(ctx, spec.cwd, spec.creates, [])[0] if spec.creates else None
             return Probe.missing(f"{missing} is missing{machine.where} (the job makes it)") if missing else Probe.ok()
         job = self.job(ctx)
         if job is None:
             return Probe.missing("no job recorded in .runner/jobs")
-        if _alive(job):
-            if _orphaned(job):
+        where = self._where(ctx, job)
+        if not self._runs_where_the_step_does(ctx, job):
+            return Probe.missing(f"the job was started{where}; the step now runs it{machine_for(ctx.host).where}")
+        state = self._state(ctx, job)
+        if state.alive:
+            if state.orphaned:
                 return Probe.ok(
                     f"running since {_when(job.get('started'))}, pid {job['child_pid']} (its supervisor, pid "
                     f"{job['pid']}, is gone: the exit status will not be recorded)"
                 )
-            return Probe.ok(f"running since {_when(job.get('started'))}, pid {job['pid']}")
+            return Probe.ok(f"running{where} since {_when(job.get('started'))}, pid {job['pid']}")
         if job.get("stopped"):
             return Probe.parked(
                 f"stopped by `runner stop` at {_when(job.get('finished'))}; `apply --force {ctx.name}` relaunches it"
             )
-        code = job.get("exit_code")
+        code = state.exit_code
         if code == 0:
-            missing = self._missing_output(ctx)
-            if missing:
-                return Probe.missing(f"the job finished, but {missing} is missing")
-            return Probe.ok(f"finished at {_when(job.get('finished'))} (exit code 0)")
+            if state.missing:
+                return Probe.missing(f"the job finished, but {state.missing} is missing{where}")
+            return Probe.ok(f"finished{where}{_at(job.get('finished'))} (exit code 0)")
         if code is None:
-            return Probe.missing(f"the job is gone (pid {job.get('pid')} no longer runs and left no exit status)")
-        return Probe.missing(f"the job exited with code {code} at {_when(job.get('finished'))}")
-
-    def _moved(self, ctx: StepContext) -> dict[str, Any] | None:
-        """A job recorded running on another machine than the spec now says (here -> a host, a host -> here):
-        the job file, while that job still runs; it is stopped before the new one starts, never left untracked."""
-        if not self.spec.detach:
-            return None
-        job = self.job(ctx)
-        if job is None or bool(job.get("host")) == bool(ctx.host):
-            return None  # where the spec says (a host's own changes are RemoteJob's)
-        from steps._support.remote_job import RemoteJob
-
-        if job.get("host"):
-            return job if "exit_code" not in job and RemoteJob(self, ctx.host or "").running(job) else None
-        return job if _alive(job) else None
-
-    def _stop_moved(self, ctx: StepContext, job: dict[str, Any]) -> None:
-        where = job.get("host") or "this machine"
-        ctx.on_output(f"stopping the job running on {where} (pid {job['pid']}): the step now runs its job elsewhere")
-        if job.get("host"):
-            from steps._support.remote_job import RemoteJob
-
-            RemoteJob(self, ctx.host or "")._signal(ctx, job)
-        else:
-            self._stop(ctx, job)
-        self.job_path(ctx).unlink(missing_ok=True)
+            return Probe.missing(
+                f"the job is gone (pid {job.get('pid')}{where} no longer runs and left no exit status)"
+            )
+        return Probe.missing(f"the job exited with code {code}{where}{_at(job.get('finished'))}")
 
     def live_work(self, ctx: StepContext) -> str | None:
         if self.ray:
             return self.ray.live_work(ctx)
-        moved = self._moved(ctx)
-        if moved is not None:
-            where = moved.get("host") or "this machine"
-            return f"the job runs on {where} since {_when(moved.get('started'))}, pid {moved['pid']}"
-        if (away := self.away(ctx)) is not None:
-            return away.live_work(ctx)
         if not self.spec.detach:
             return None
         job = self.job(ctx)
-        if job and _alive(job):
-            return f"the job runs since {_when(job.get('started'))}, pid {job['pid']}"
-        return None
+        if job is None or not self._state(ctx, job).alive:
+            return None
+        return f"the job runs{self._where(ctx, job)} since {_when(job.get('started'))}, pid {job['pid']}"
 
     # ---- apply ----------------------------------------------------------------------------------------
 
-    def _argv(self) -> list[str]:
-        command = self.spec.command
-        return argv_of(command)
-
-    def _env(self, ctx: StepContext) -> dict[str, str]:
-        return {**ctx.env, **self.spec.env}
-
     def apply(self, ctx: StepContext) -> dict[str, Any]:
-        spec = self.spec
         if self.ray:
             return self.ray.apply(ctx)
-        moved = self._moved(ctx)
-        if moved is not None:
-            self._stop_moved(ctx, moved)
-        if (away := self.away(ctx)) is not None:
-            return away.apply(ctx)
-        if not spec.detach:
+        if not self.spec.detach:
             return self._foreground(ctx)
-        cwd = ctx.resolve(spec.cwd) if spec.cwd else ctx.pipeline_dir
-        if not cwd.is_dir():
-            raise StepError(f"working directory does not exist: {cwd}")
         job = self.job(ctx)
-        if job and _alive(job):
-            if job.get("fingerprint") == ctx.fingerprint:
-                ctx.on_output(f"adopting the running job, pid {job['pid']}")
+        if job is not None and self._state(ctx, job).alive:
+            where = self._where(ctx, job)
+            if not self._runs_where_the_step_does(ctx, job):
+                ctx.on_output(
+                    f"stopping the job running{where} (pid {job['pid']}): the step now runs its job elsewhere"
+                )
+                self._signal(ctx, job)
+                self.job_path(ctx).unlink(missing_ok=True)
+            elif job.get("fingerprint") == ctx.fingerprint:
+                ctx.on_output(f"adopting the running job{where}, pid {job['pid']}")
                 return self._outputs(job)
-            ctx.on_output(f"stopping the running job (pid {job['pid']}) to restart it with the new spec")
-            self._stop(ctx, job)
-        return self._start(ctx, cwd)
+            else:
+                ctx.on_output(f"stopping the running job{where} (pid {job['pid']}) to restart it with the new spec")
+                self._signal(ctx, job)
+        self._seen = None
+        started = jobs_on(ctx.host).start(ctx, self.job_path(ctx), self.spec, argv_of(self.spec.command), self.spec.env)
+        return self._outputs(started)
 
     def _foreground(self, ctx: StepContext) -> dict[str, Any]:
         """In the foreground, on the step's machine: its output streamed, stopped with the step."""
@@ -330,140 +265,48 @@ class LaunchStep(StepKind[LaunchSpec]):
         outputs: dict[str, Any] = {"exit_code": 0, "detached": False}
         return {**outputs, "host": ctx.host} if ctx.host else outputs
 
-    def _start(self, ctx: StepContext, cwd: Path) -> dict[str, Any]:
-        jobfile = self.job_path(ctx)
-        log = self._log(ctx)
-        jobfile.parent.mkdir(parents=True, exist_ok=True)
-        log.parent.mkdir(parents=True, exist_ok=True)
-        previous = jobfile.with_suffix(".previous.json")
-        if jobfile.exists():
-            os.replace(jobfile, previous)
-        argv = [sys.executable, "-I", str(SUPERVISOR), str(jobfile), str(log), ctx.fingerprint, "--", *self._argv()]
-        try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env={**self._env(ctx), TOKEN_VARIABLE: secrets.token_hex(16)},
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                start_new_session=True,
-                close_fds=True,
-            )
-        except OSError as exc:
-            raise StepError(f"cannot start the job supervisor: {exc}") from None
-        deadline = time.monotonic() + 15
-        job: dict[str, Any] | None = None
-        while time.monotonic() < deadline:
-            job = self.job(ctx)
-            if job and job.get("pid") == proc.pid:
-                break
-            if proc.poll() is not None:
-                raise StepError(f"the job supervisor exited with code {proc.returncode} before starting the job")
-            time.sleep(0.02)
-        else:
-            raise StepError("the job supervisor did not report the job's start within 15s")
-        assert job is not None
-        grace = time.monotonic() + START_GRACE
-        while time.monotonic() < grace:
-            job = self.job(ctx) or job
-            if "exit_code" in job:
-                break
-            time.sleep(0.05)
-        if job.get("exit_code") not in (None, 0):
-            raise StepError(
-                f"the job exited at once with code {job['exit_code']}",
-                hint=f"its log: {log}",
-                output_tail=ctx.mask(_tail(log)),
-            )
-        ctx.on_output(f"started pid {job['pid']}, log {log}")
-        return self._outputs(job)
-
     def _outputs(self, job: dict[str, Any]) -> dict[str, Any]:
-        return {"pid": job.get("pid"), "started": job.get("started"), "log": job.get("log"), "detached": True}
+        out = {"pid": job.get("pid"), "started": job.get("started"), "log": job.get("log"), "detached": True}
+        return {**out, "host": job["host"]} if job.get("host") else out
+
+    def _signal(self, ctx: StepContext, job: dict[str, Any]) -> str:
+        """Stop the job where it runs: the stop signal to its group, `stop_timeout` seconds, then SIGKILL."""
+        self._seen = None
+        jobs = jobs_on(job.get("host"))
+        return jobs.signal(ctx, self.job_path(ctx), job, self.spec.stop_signal, self.spec.stop_timeout)
 
     # ---- stop -----------------------------------------------------------------------------------------
 
     def stop(self, ctx: StepContext) -> str:
         if self.ray:
             return self.ray.stop(ctx)
-        if (away := self.away(ctx)) is not None:
-            return away.stop(ctx)
         if not self.spec.detach:
             raise StepError("a foreground launch stops when its apply stops (Ctrl-C): nothing runs in the background")
         job = self.job(ctx)
         if job is None:
             raise StepError("no job was launched yet")
-        if not _alive(job):
-            code = job.get("exit_code")
-            ended = f" (exited with code {code} at {_when(job.get('finished'))})" if code is not None else ""
-            return "not running" + ended
-        how = self._stop(ctx, job)
+        state = self._state(ctx, job)
+        if not state.alive:
+            code = state.exit_code
+            return "not running" + (f" (exited with code {code}{_at(job.get('finished'))})" if code is not None else "")
+        how = self._signal(ctx, job)
         latest = self.job(ctx) or job
-        self._write(ctx, {**latest, "stopped": True, "finished": latest.get("finished") or time.time()})
-        return f"stopped pid {job['pid']} ({how})"
+        write(str(self.job_path(ctx)), {**latest, "stopped": True, "finished": latest.get("finished") or time.time()})
+        return f"stopped pid {job['pid']}{jobs_on(job.get('host')).where} ({how})"
 
     def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
         done: list[str] = []
-        if (away := self.away(ctx)) is not None:
-            return away.teardown(ctx, dry_run)
         if self.ray:
             if self.ray.live_work(ctx):
                 done.append("would stop the Ray job" if dry_run else self.ray.stop(ctx))
         elif self.spec.detach:
             job = self.job(ctx)
-            if job is not None and _alive(job):
-                done.append(f"would stop pid {job['pid']}" if dry_run else self.stop(ctx))
+            if job is not None and self._state(ctx, job).alive:
+                where = jobs_on(job.get("host")).where
+                done.append(f"would stop pid {job['pid']}{where}" if dry_run else self.stop(ctx))
             if job is not None and not dry_run:
-                with contextlib.suppress(FileNotFoundError):
-                    self.job_path(ctx).unlink()
-        if purge:
-            done += remove_created(ctx, self.spec.creates, dry_run)
+                self.job_path(ctx).unlink(missing_ok=True)
+        if purge and self.spec.creates:
+            removed = machine_for(ctx.host).remove(ctx, self.spec.cwd, self.spec.creates, dry_run)
+            done += [removed] if removed else []
         return "; ".join(done) or None
-
-    def _stop(self, ctx: StepContext, job: dict[str, Any]) -> str:
-        spec = self.spec
-        live = _live_pids(job)
-        if not live:
-            return "it no longer ran"
-        try:
-            pgid = os.getpgid(live[0])
-        except ProcessLookupError:
-            return "it no longer ran"
-        recorded = job.get("pgid")
-        if isinstance(recorded, int) and recorded != pgid:
-            raise StepError(
-                f"the job file says process group {recorded}, but the job (pid {live[0]}) is in group {pgid}: "
-                "nothing was signalled",
-                hint=f"was {self.job_path(ctx)} edited? stop the job by hand, then `runner forget {ctx.name}`",
-            )
-        sig = getattr(signal, f"SIG{spec.stop_signal}")
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, sig)
-        deadline = time.monotonic() + spec.stop_timeout
-        while time.monotonic() < deadline:
-            current = self.job(ctx) or job
-            if "exit_code" in current or not _live_pids(job):
-                self._kill_rest(pgid)
-                return f"SIG{spec.stop_signal}"
-            time.sleep(0.1)
-        self._kill_rest(pgid)
-        current = self.job(ctx) or job
-        if "exit_code" not in current:
-            self._write(ctx, {**current, "exit_code": -signal.SIGKILL, "finished": time.time()})
-        return f"SIGKILL after {spec.stop_timeout:g}s"
-
-    def _kill_rest(self, pgid: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-
-    def _write(self, ctx: StepContext, data: dict[str, Any]) -> None:
-        write(str(self.job_path(ctx)), data)
-
-
-def _tail(path: Path, lines: int = 20) -> str:
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return ""
-    return "\n".join(text.splitlines()[-lines:])
