@@ -26,9 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
-import shlex
-import socket
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
@@ -36,6 +33,24 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator
 
 from runner.util import faults
+from steps._support.docker_config import (
+    CONFIG_LABEL,
+    CONFIG_VERSION,
+    HASH_LABEL,
+    OWNER_HINT,
+    OWNER_LABEL,
+    RESTART_RE,
+    STEP_LABEL,
+    changes_between,
+    foreign_owner,
+    live_changes,
+    logs_tail,
+    owner_of,
+    parse_port,
+    published,
+    remote_readiness,
+    unowned_hint,
+)
 from steps._support.docker_engine import (
     answers,
     api_error_text,
@@ -47,6 +62,7 @@ from steps._support.docker_engine import (
     reach,
     sdk,
 )
+from steps._support.docker_image import create_and_start, ensure_image
 from steps._support.docker_light import Engine as LightEngine
 from steps._support.docker_light import Unreadable, socket_path
 from steps._support.readiness import Readiness, wait_ready
@@ -56,62 +72,7 @@ if TYPE_CHECKING:
     import docker
     from docker.models.containers import Container
 
-CONFIG_VERSION = 1
-HASH_LABEL = "runner.config-hash"
-CONFIG_LABEL = "runner.config"
-STEP_LABEL = "runner.step"
-OWNER_LABEL = "runner.owner"  # host:/path/.runner of the pipeline that created it
-
-
-def owner_of(ctx: StepContext) -> str:
-    """The identity a container carries of the pipeline that made it: this machine and its state directory."""
-    return f"{socket.gethostname()}:{ctx.state_dir.resolve()}"
-
-
-def foreign_owner(ctx: StepContext, container: Container) -> str | None:
-    """A description of the other pipeline that owns this container, or None when it is ours (or unmarked)."""
-    owner = (container.labels or {}).get(OWNER_LABEL)
-    if owner and owner != owner_of(ctx):
-        return (
-            f"container {container.name} belongs to another pipeline ({owner}, step "
-            f"{(container.labels or {}).get(STEP_LABEL, '?')}): runner does not fight over it"
-        )
-    return None
-
-
-OWNER_HINT = "give this step another docker `name:`, or take it down there first (`runner down` in that pipeline)"
-
-
-def unowned_hint(step: str) -> str:
-    return (
-        f"runner replaces only containers it made: `runner mark-done {step}` adopts this one as it is (if it "
-        f"matches the spec), `runner apply --force {step}` replaces it (its writable layer is lost), or remove it "
-        "yourself (`docker rm -f`)"
-    )
-
-
 START_GRACE = 0.5  # seconds a container must stay up after start when there is no readiness wait
-LOG_TAIL = 20
-
-PORT_RE = re.compile(
-    r"^(?:(?P<ip>\d{1,3}(?:\.\d{1,3}){3}|\[[0-9a-fA-F:]+\]):)?"
-    r"(?:(?P<host>\d+):)?(?P<cport>\d+)(?:/(?P<proto>tcp|udp|sctp))?$"
-)
-RESTART_RE = re.compile(r"^(no|always|unless-stopped|on-failure(:\d+)?)$")
-
-
-def parse_port(text: str) -> tuple[str, str | None, int | None]:
-    """'[ip:][host:]container[/proto]' -> ('8000/tcp', ip or None, host port or None)."""
-    m = PORT_RE.match(text.strip())
-    if not m:
-        raise ValueError(f"{text!r} is not a port mapping: expected [ip:]host:container[/tcp|udp], like 8000:8000")
-    cport = int(m["cport"])
-    host = int(m["host"]) if m["host"] else None
-    for port in (cport, host):
-        if port is not None and not 0 < port < 65536:
-            raise ValueError(f"{text!r}: port {port} is outside 1-65535")
-    ip = m["ip"].strip("[]") if m["ip"] else None
-    return f"{cport}/{m['proto'] or 'tcp'}", ip, host
 
 
 class DockerTls(SpecModel):
@@ -196,29 +157,6 @@ class DockerSpec(SpecModel):
         if not RESTART_RE.match(value):
             raise ValueError(f"{value!r} is not a restart policy: no, always, unless-stopped or on-failure[:N]")
         return value
-
-
-def _changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    changes = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if a == b:
-            continue
-        if isinstance(a, dict) and isinstance(b, dict):
-            for sub in sorted(set(a) | set(b)):
-                if a.get(sub) != b.get(sub):
-                    changes.append(f"{key}.{sub}: {_show(a.get(sub))} -> {_show(b.get(sub))}")
-        else:
-            changes.append(f"{key}: {_show(a)} -> {_show(b)}")
-    return changes
-
-
-def _show(value: Any) -> str:
-    if value is None:
-        return "(none)"
-    if isinstance(value, list):
-        return ", ".join(str(v) for v in value) or "[]"
-    return str(value)
 
 
 class DockerStep(StepKind[DockerSpec]):
@@ -341,10 +279,9 @@ class DockerStep(StepKind[DockerSpec]):
         """The id `name` resolves to on the engine, or None when it has no such image."""
         if isinstance(client, LightEngine):
             return client.image_id(name)
-        docker = sdk()
         try:
             return str(client.images.get(name).id)
-        except docker.errors.ImageNotFound:
+        except sdk().errors.ImageNotFound:
             return None
 
     def _drift(self, ctx: StepContext, client: Any, container: Container) -> tuple[str, list[str]] | None:
@@ -362,7 +299,7 @@ class DockerStep(StepKind[DockerSpec]):
             except ValueError:
                 old = {}
             new = self._masked_config(ctx)
-            changes = _changes(old, new) if isinstance(old, dict) else []
+            changes = changes_between(old, new) if isinstance(old, dict) else []
             shown = "; ".join(changes) if changes else "its config hash differs"
             return "container config drifted: " + shown, changes
         else:
@@ -419,77 +356,12 @@ class DockerStep(StepKind[DockerSpec]):
                 )
             if container.status != "running":
                 raise StepError(f"the container {container.name} is {container.status}, not running")
-            return {
-                "adopted": True,
-                "container_id": container.id,
-                "name": container.name,
-                "image_id": container.attrs.get("Image"),
-                "ports": _published(container),
-                "host": address,
-                "hostname": engine_hostname(address) or "localhost",
-            }
+            return {"adopted": True, **_outputs(container, address, container.attrs.get("Image"))}
 
     def _live_changes(self, ctx: StepContext, client: Any, container: Container) -> list[str]:
-        """How the running container differs from the spec, read from its live configuration (what `docker
-        inspect` shows), for the fields that make it what it is. Env values are never shown, and what is shown is
-        masked."""
-        spec = self.spec
-        config = container.attrs.get("Config") or {}
-        host = container.attrs.get("HostConfig") or {}
-        changes: list[str] = []
-        if config.get("Image") != spec.image:
-            found = self._image_id(client, spec.image)
-            if found is None or found != container.attrs.get("Image"):
-                changes.append(f"image: {config.get('Image')} -> {spec.image}")
-        for field, live in (("command", config.get("Cmd")), ("entrypoint", config.get("Entrypoint"))):
-            want = getattr(spec, field)
-            if want is not None:
-                argv = shlex.split(want) if isinstance(want, str) else list(want)
-                if list(live or []) != argv:
-                    changes.append(f"{field}: {json.dumps(live)} -> {json.dumps(argv)}")
-        env = dict(item.split("=", 1) for item in config.get("Env") or [] if "=" in item)
-        for key, value in sorted(spec.env.items()):
-            if key not in env:
-                changes.append(f"env.{key}: not set in the container")
-            elif env[key] != value:
-                changes.append(f"env.{key}: differs")
-        want_ports = set()
-        for item in spec.ports:
-            key, ip, port = parse_port(item)
-            want_ports.add((key, ip or "", str(port or "")))
-        live_ports = {
-            (key, b.get("HostIp") or "", b.get("HostPort") or "")
-            for key, bindings in (host.get("PortBindings") or {}).items()
-            for b in bindings or []
-        }
-        live_ports = {(k, "" if ip in ("0.0.0.0", "::") else ip, p) for k, ip, p in live_ports}
-        if want_ports != live_ports:
-            changes.append(f"ports: {_ports_text(live_ports)} -> {_ports_text(want_ports)}")
-
-        def mount(text: str) -> tuple[str, str, str]:
-            parts = text.split(":")
-            return parts[0], parts[1] if len(parts) > 1 else "", parts[2] if len(parts) > 2 else "rw"
-
-        want_mounts = {mount(self._volume(ctx, v)) for v in spec.volumes}
-        live_mounts = {mount(b) for b in host.get("Binds") or []}
-        if want_mounts != live_mounts:
-            changes.append(f"volumes: {sorted(live_mounts)} -> {sorted(want_mounts)}")
-        if bool(host.get("Privileged")) != spec.privileged:
-            changes.append(f"privileged: {bool(host.get('Privileged'))} -> {spec.privileged}")
-        policy = host.get("RestartPolicy") or {}
-        live_restart = policy.get("Name") or "no"
-        if live_restart == "on-failure" and policy.get("MaximumRetryCount"):
-            live_restart += f":{policy['MaximumRetryCount']}"
-        if live_restart != spec.restart:
-            changes.append(f"restart: {live_restart} -> {spec.restart}")
-        mode = host.get("NetworkMode") or "default"
-        if (spec.network or "default") != mode and {spec.network or "default", mode} != {"default", "bridge"}:
-            changes.append(f"network: {mode} -> {spec.network or 'default'}")
-        labels = config.get("Labels") or {}
-        for key, value in sorted(spec.labels.items()):
-            if labels.get(key) != value:
-                changes.append(f"labels.{key}: {labels.get(key)!r} -> {value!r}")
-        return [ctx.mask(change) for change in changes]
+        """How the running container differs from the spec, read from its live configuration (docker_config)."""
+        volumes = [self._volume(ctx, v) for v in self.spec.volumes]
+        return live_changes(ctx, self.spec, container, volumes, lambda: self._image_id(client, self.spec.image))
 
     def _masked_config(self, ctx: StepContext) -> dict[str, Any]:
         masked: dict[str, Any] = json.loads(ctx.mask(json.dumps(self.config(ctx))))
@@ -516,7 +388,7 @@ class DockerStep(StepKind[DockerSpec]):
                     raise StepError(mine, hint=unowned_hint(ctx.name))
                 if mine:
                     ctx.on_output(f"replacing the container {spec.name} that runner did not create (--force)")
-            image = self._ensure_image(ctx, client, address)
+            image = ensure_image(ctx, client, address, self.spec)
             if existing is not None:
                 drift = self._drift(ctx, client, existing)
                 if drift is None:
@@ -526,21 +398,13 @@ class DockerStep(StepKind[DockerSpec]):
                     ctx.on_output(f"recreating {spec.name}: {drift[0]}")
                     self._remove(existing, spec.stop_timeout)
                     faults.point("docker-removed")
-                    container = self._create_and_start(ctx, client, address, image.id)
+                    container = self._create(ctx, client, address)
             else:
-                container = self._create_and_start(ctx, client, address, image.id)
+                container = self._create(ctx, client, address)
             self._await_ready(ctx, container, address)
             container.reload()
             adopted = {"adopted": True} if self._adopted(ctx, container) else {}
-            return {
-                **adopted,
-                "container_id": container.id,
-                "name": spec.name,
-                "image_id": container.attrs.get("Image", image.id),
-                "ports": _published(container),
-                "host": address,
-                "hostname": engine_hostname(address) or "localhost",  # where the published ports are
-            }
+            return {**adopted, **_outputs(container, address, container.attrs.get("Image", image.id))}
         except docker.errors.APIError as exc:
             raise StepError(f"Docker Engine at {address}: {api_error_text(exc)}") from None
         except Exception as exc:
@@ -550,58 +414,6 @@ class DockerStep(StepKind[DockerSpec]):
             raise engine_gone(address, lost) from None
         finally:
             client.close()
-
-    def _ensure_image(self, ctx: StepContext, client: docker.DockerClient, address: str) -> Any:
-        docker = sdk()
-
-        spec = self.spec
-        local = None
-        try:
-            local = client.images.get(spec.image)
-        except docker.errors.ImageNotFound:
-            pass
-        if local is not None and spec.pull != "always":
-            return local
-        if spec.pull == "never":
-            raise StepError(
-                f"image {spec.image} is not on the engine at {address}, and `pull: never`",
-                hint="load it there (docker load / docker pull), or set `pull: missing`",
-            )
-        try:
-            self._pull(ctx, client)
-            return client.images.get(spec.image)
-        except (docker.errors.APIError, docker.errors.ImageNotFound) as exc:
-            if local is not None:
-                ctx.notice(f"{ctx.name}: pulling {spec.image} failed ({api_error_text(exc)}); using the local image")
-                return local
-            raise StepError(
-                f"image {spec.image} is not on the engine at {address} and pulling it failed: {api_error_text(exc)}",
-                hint="check the image name and tag, the registry login (docker login), and the engine's network",
-            ) from None
-
-    def _pull(self, ctx: StepContext, client: docker.DockerClient) -> None:
-        from docker.utils import parse_repository_tag
-
-        repo, tag = parse_repository_tag(self.spec.image)
-        ctx.on_output(f"pulling {self.spec.image}")
-        layers: dict[str, tuple[int, int]] = {}  # layer id -> (bytes downloaded, layer size)
-        for event in client.api.pull(repo, tag=tag or "latest", stream=True, decode=True):
-            detail = event.get("progressDetail") or {}
-            if event.get("status") == "Downloading" and isinstance(detail.get("total"), int) and event.get("id"):
-                layers[event["id"]] = (int(detail.get("current") or 0), int(detail["total"]))
-                ctx.progress(sum(d for d, _ in layers.values()), sum(t for _, t in layers.values()), "bytes")
-            elif event.get("status") in ("Download complete", "Pull complete") and event.get("id") in layers:
-                total = layers[event["id"]][1]
-                layers[event["id"]] = (total, total)
-            if "error" in event:
-                docker = sdk()
-
-                raise docker.errors.APIError(str(event["error"]), explanation=str(event["error"]))
-            status = event.get("status")
-            if status and "progress" not in event:
-                ctx.on_output(f"{event.get('id', '')} {status}".strip())
-            if ctx.cancel.is_set():
-                raise StepError("interrupted while pulling " + self.spec.image)
 
     def teardown(self, ctx: StepContext, purge: bool, dry_run: bool) -> str | None:
         name = self.spec.name
@@ -628,65 +440,15 @@ class DockerStep(StepKind[DockerSpec]):
         except docker.errors.NotFound:
             pass
 
-    def _create_and_start(
-        self, ctx: StepContext, client: docker.DockerClient, address: str, image_id: str
-    ) -> Container:
-        docker = sdk()
-
-        spec = self.spec
-        ports: dict[str, list[Any]] = {}
-        for item in spec.ports:
-            key, ip, host = parse_port(item)
-            ports.setdefault(key, []).append((ip, host) if ip else host)
+    def _create(self, ctx: StepContext, client: docker.DockerClient, address: str) -> Container:
         labels = {
-            **spec.labels,
             HASH_LABEL: self.config_hash(ctx),
             CONFIG_LABEL: json.dumps(self._masked_config(ctx), sort_keys=True),
             STEP_LABEL: ctx.name,
             OWNER_LABEL: owner_of(ctx),
         }
-        restart: dict[str, Any] | None = None
-        if spec.restart != "no":
-            policy, _, count = spec.restart.partition(":")
-            restart = {"Name": policy, **({"MaximumRetryCount": int(count)} if count else {})}
-        try:
-            container = client.containers.create(
-                spec.image,
-                command=spec.command,
-                entrypoint=spec.entrypoint,
-                name=spec.name,
-                environment=spec.env,
-                ports=ports,
-                volumes=[self._volume(ctx, v) for v in spec.volumes],
-                privileged=spec.privileged,
-                labels=labels,
-                restart_policy=restart,
-                network_mode=spec.network,
-                detach=True,
-            )
-        except docker.errors.APIError as exc:
-            text = api_error_text(exc)
-            if "Conflict" in str(exc) or "already in use" in text:
-                raise StepError(
-                    f"a container named {spec.name} appeared on {address} while this step ran: {text}",
-                    hint="another tool or apply created it; run apply again to converge it",
-                ) from None
-            raise StepError(f"creating container {spec.name} on {address} failed: {text}") from None
-        ctx.on_output(f"created {spec.name} ({container.id[:12]})")
-        try:
-            container.start()
-        except docker.errors.APIError as exc:
-            text = api_error_text(exc)
-            kept = f"the container is left created for `docker inspect {spec.name}`; the next apply recreates it"
-            if "port is already allocated" in text or "address already in use" in text:
-                port = re.search(r"(?:0\.0\.0\.0|\[::\]|[\d.]+):(\d+)", text)
-                which = f"host port {port.group(1)}" if port else "a host port"
-                raise StepError(
-                    f"{which} is already in use on {address}: {text}",
-                    hint=f"free it or change `ports:`; {kept}",
-                ) from None
-            raise StepError(f"container {spec.name} failed to start on {address}: {text}", hint=kept) from None
-        return container
+        volumes = [self._volume(ctx, v) for v in self.spec.volumes]
+        return create_and_start(ctx, client, address, self.spec, labels, volumes)
 
     def _await_ready(self, ctx: StepContext, container: Container, address: str) -> None:
         spec = self.spec
@@ -701,7 +463,7 @@ class DockerStep(StepKind[DockerSpec]):
             raise StepError(
                 f"container {spec.name} exited at start (exit code {code}) on {address}",
                 hint=f"`docker logs {spec.name}` has its full output; fix its command, env or image",
-                output_tail=ctx.mask(_logs_tail(container)),
+                output_tail=ctx.mask(logs_tail(container)),
             )
 
         if spec.wait is None:
@@ -720,52 +482,19 @@ class DockerStep(StepKind[DockerSpec]):
             wait_ready(readiness, ctx.cancel, alive=exited, on_attempt=ctx.on_output, via=via)
         except StepError as exc:
             if not exc.output_tail:
-                exc.output_tail = ctx.mask(_logs_tail(container))
+                exc.output_tail = ctx.mask(logs_tail(container))
             raise
 
 
-def _ports_text(ports: set[tuple[str, str, str]]) -> str:
-    return "[" + ", ".join(f"{ip + ':' if ip else ''}{host or '?'}:{key}" for key, ip, host in sorted(ports)) + "]"
+def _outputs(container: Container, address: str, image_id: Any) -> dict[str, Any]:
+    return {
+        "container_id": container.id,
+        "name": container.name,
+        "image_id": image_id,
+        "ports": published(container),
+        "host": address,
+        "hostname": engine_hostname(address) or "localhost",  # where the published ports are
+    }
 
 
-def _logs_tail(container: Container) -> str:
-    try:
-        raw = container.logs(tail=LOG_TAIL)
-    except Exception:  # noqa: BLE001 - the logs are extra information only
-        return ""
-    return raw.decode("utf-8", errors="replace").rstrip() if isinstance(raw, bytes) else str(raw)
-
-
-def _published(container: Container) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for key, bindings in (container.attrs.get("NetworkSettings", {}).get("Ports") or {}).items():
-        for b in bindings or []:
-            text = f"{b.get('HostIp') or '0.0.0.0'}:{b.get('HostPort')}"
-            if text not in out.setdefault(key, []):
-                out[key].append(text)
-    return {key: sorted(values) for key, values in sorted(out.items())}
-
-
-__all__ = ["DockerSpec", "DockerStep", "engine_address", "parse_port"]
-
-
-def remote_readiness(wait: Readiness, address: str) -> Readiness:
-    """With a tcp:// engine, a wait on 127.0.0.1 or localhost means the engine's host, where the ports are. With
-    an ssh:// engine it stays as written: the wait is made from that machine (ssh -W), where 127.0.0.1 is its own,
-    so the service need not be reachable from here (a firewall, a name only ~/.ssh/config knows)."""
-    remote = engine_hostname(address)
-    if not remote or address.startswith("ssh://"):
-        return wait
-    from urllib.parse import urlsplit, urlunsplit
-
-    local = ("127.0.0.1", "localhost", "::1")
-    if wait.http:
-        parts = urlsplit(wait.http)
-        if parts.hostname in local:
-            netloc = remote + (f":{parts.port}" if parts.port else "")
-            return wait.model_copy(update={"http": urlunsplit(parts._replace(netloc=netloc))})
-    if wait.tcp:
-        host, _, port = wait.tcp.rpartition(":")
-        if host.strip("[]") in local:
-            return wait.model_copy(update={"tcp": f"{remote}:{port}"})
-    return wait
+__all__ = ["DockerSpec", "DockerStep", "engine_address", "parse_port", "remote_readiness"]

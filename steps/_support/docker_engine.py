@@ -72,7 +72,7 @@ def reach(address: str) -> str:
     known = _REACHED.get(address)
     if known is not None:  # asked once a run: plan's preview, the probe and apply share it
         return known
-    from steps._support import ssh
+    from steps._support import ssh, ssh_forward
 
     host = ssh.display(address)
     try:
@@ -104,7 +104,7 @@ def reach(address: str) -> str:
             f"cannot reach {where}: its engine is {endpoint} there, which runner does not forward",
             hint="give the step `host: tcp://...` with `tls:` for a TLS engine",
         )
-    return _REACHED.setdefault(address, "unix://" + ssh.forward_socket(address, remote))
+    return _REACHED.setdefault(address, "unix://" + ssh_forward.forward_socket(address, remote))
 
 
 _REACHED: dict[str, str] = {}  # ssh:// engine -> its forwarded socket, for this process (failures are asked again)

@@ -88,13 +88,13 @@ def _try_http_from(via: str, url: str, statuses: list[int], timeout: float) -> t
     import http.client
     from urllib.parse import urlsplit
 
-    from steps._support import ssh
+    from steps._support import ssh_forward
 
     parts = urlsplit(url)
     secure = parts.scheme == "https"
     port = parts.port or (443 if secure else 80)
     try:
-        sock, proc = ssh.forward(via, parts.hostname or "", port, timeout)
+        sock, proc = ssh_forward.forward(via, parts.hostname or "", port, timeout)
     except StepError as exc:
         return False, f"no answer: {exc.message}"
     try:
@@ -125,10 +125,10 @@ def _try_tcp(target: str, timeout: float, via: str | None = None) -> tuple[bool,
     host, _, port = target.rpartition(":")
     host = host.strip("[]")
     if via:
-        from steps._support import ssh
+        from steps._support import ssh_forward
 
         try:
-            sock, proc = ssh.forward(via, host, int(port), timeout)
+            sock, proc = ssh_forward.forward(via, host, int(port), timeout)
         except StepError as exc:
             return False, f"no connection: {exc.message}"
         sock.close()
