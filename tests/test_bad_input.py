@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 from conftest import Project
 
+from tests.harness import Harness
+
 # (id, pipeline text, line, column or None, text the message must contain)
 CASES = [
     ("yaml-syntax", "steps: [\n", 2, None, "YAML syntax error"),
@@ -74,16 +76,26 @@ CASES = [
 def test_bad_input_exits_2_with_line_and_field(
     project: Project, text: str, line: int | None, column: int | None, expected: str
 ) -> None:
+    """In process (tests/harness.py: the real CLI's main, its exit code and its words); the CLI as a program is
+    run on one case below."""
     project.write(text)
+    runner = Harness(project.path)
     for command in ("validate", "apply", "plan"):
-        result = project.run(command)
-        assert result.code == 2, (command, result.text)
-        assert "Traceback" not in result.text
+        result = runner(command)
+        assert result.code == 2, (command, result.out, result.err)
+        assert "Traceback" not in result.out + result.err
         message = result.err
         assert expected in message, message
         if line is not None:
             where = f"pipeline.yaml:{line}:" + (f"{column}:" if column is not None else "")
             assert where in message, message
+
+
+def test_the_program_exits_2_on_bad_input_as_main_does(project: Project) -> None:
+    project.write("steps:\n  - name: a\n    run:\n      comand: x\n")
+    result = project.run("plan")
+    assert result.code == 2 and "pipeline.yaml:4:7:" in result.err and "did you mean 'command'?" in result.err
+    assert "Traceback" not in result.text
 
 
 def test_missing_file_says_where_it_looked(project: Project) -> None:
