@@ -33,11 +33,12 @@ unreachable             host, problem (a machine that did not answer: nothing ra
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
+from runner.util.datatype import datatype, field
 
-@dataclass(frozen=True)
+
+@datatype(frozen=True)
 class Change:
     """One field-level change: `field` from `old` to `new` (None: added or removed). `note`: the kind's words
     where a change is not old -> new (pip's "e2b: 2.63.0 installed, wants <2.51" is field e2b, that note)."""
@@ -59,7 +60,7 @@ class Change:
         return data
 
 
-@dataclass(frozen=True)
+@datatype(frozen=True)
 class Cause:
     kind: str
     data: dict[str, Any] = field(default_factory=dict)

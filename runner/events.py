@@ -6,11 +6,11 @@ as data (runner/causes.py); its words come from runner/words.py, the one place t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from runner import words
 from runner.causes import Cause, Change
+from runner.util.datatype import datatype, field
 
 # What plan says of a step: run it, it is up to date, skipped by `when`, maybe (after an upstream runs), a
 # restart pending, it would fail now, or it is blocked by one that would fail.
@@ -19,7 +19,7 @@ Action = Literal["run", "ok", "skip", "maybe", "pending", "fail", "block"]
 Status = Literal["ok", "changed", "failed", "skipped", "blocked", "interrupted", "unselected", "pending"]
 
 
-@dataclass
+@datatype
 class Decision:
     """What is decided of a step (or an item, `name[key]`): the action, its cause, and the field-level changes."""
 
@@ -48,7 +48,7 @@ class Decision:
         }
 
 
-@dataclass
+@datatype
 class Result:
     name: str
     status: Status

@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+
+from runner.util.datatype import datatype, field
 
 
-@dataclass(frozen=True)
+@datatype(frozen=True)
 class Node:
     """What the graph needs of a step (runner/load.py makes one per step): it imports no other module."""
 
@@ -39,7 +40,7 @@ class CycleError(ValueError):
         self.cycle = cycle
 
 
-@dataclass
+@datatype
 class Graph:
     names: list[str]
     deps: dict[str, list[str]]  # data edges

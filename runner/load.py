@@ -6,7 +6,6 @@ every value and every key by its path, so a pydantic error at ``steps[2].run.com
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from pathlib import Path
@@ -18,6 +17,7 @@ from pydantic import BaseModel, ValidationError
 from runner.errors import InputError, suggest
 from runner.marks import MarkedData, Path_, dotted
 from runner.model import COMMON_FIELDS, TOP_LEVEL_FIELDS, Pipeline, PipelineHeader, StepCommon, StepDecl
+from runner.util.datatype import replace
 from runner.util.text import is_template
 from steps import KINDS, kind_class
 
@@ -415,7 +415,7 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
     from runner.template import check_templates
 
     refs, env_refs = check_templates(steps, variables, data)
-    complete = tuple(dataclasses.replace(s, refs=frozenset(refs[s.name])) for s in steps)
+    complete = tuple(replace(s, refs=frozenset(refs[s.name])) for s in steps)
     nodes = []
     exporters: dict[str, str] = {}  # a variable -> the latest env step above that exports it
     for s in complete:

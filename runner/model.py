@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 import steps.base  # noqa: F401 - before the first model: it keeps pydantic from scanning for plugins
+from runner.util.datatype import datatype, field
 
 if TYPE_CHECKING:
     from runner.graph import Graph
@@ -101,7 +101,7 @@ COMMON_FIELDS = tuple(StepCommon.model_fields)
 TOP_LEVEL_FIELDS = (*PipelineHeader.model_fields, "steps")
 
 
-@dataclass(frozen=True)
+@datatype(frozen=True)
 class StepDecl:
     """One step as declared: its common fields and the raw (unrendered) spec of its kind."""
 
@@ -135,7 +135,7 @@ def state_dir_for(file: Path) -> Path:
     return own
 
 
-@dataclass(frozen=True)
+@datatype(frozen=True)
 class Pipeline:
     """A loaded pipeline, complete: its steps (templates checked, references known) and their graph."""
 

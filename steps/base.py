@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, ValidationInfo
 
 from runner.causes import Change as Change  # what a probe and describe_changes report
+from runner.util.datatype import datatype, field
 
 
 def _without_pydantic_plugins() -> None:
@@ -79,7 +79,7 @@ class SpecModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-@dataclass(frozen=True)
+@datatype(frozen=True)
 class Probe:
     """The result of a probe: ``ok``, or ``missing``/``drift`` with a reason and field-level changes (a
     :class:`Change`, or a kind's own words for one)."""
@@ -140,7 +140,7 @@ def _no_digest() -> str:
     raise RuntimeError("this StepContext has no keyed digest: the engine gives one (SecretStore.keyed_digest)")
 
 
-@dataclass
+@datatype
 class StepContext:
     """What a step gets from the engine: never globals."""
 

@@ -20,13 +20,15 @@ container's id, the installed SDK version).
 
 from __future__ import annotations
 
-import dataclasses
 import json
+import os
 import signal
+import sys
 from typing import Any
 
 from pydantic import Field, field_validator
 
+from runner.util.datatype import replace
 from runner.util.interpreter import this_python
 from steps._support.process import run_process
 from steps.base import Probe, SpecModel, StepContext, StepError, StepKind
@@ -233,7 +235,7 @@ class E2bStep(StepKind[E2bSpec]):
         try:
             done = run_process(
                 [self._python(), "-I", "-c", CHECK_SCRIPT],
-                dataclasses.replace(ctx, timeout=timeout, on_output=quiet.line),
+                replace(ctx, timeout=timeout, on_output=quiet.line),
                 env=env,
                 stop_signal=signal.SIGTERM,
                 grace=15.0,  # time to kill the sandbox on the way out
@@ -387,6 +389,29 @@ class _Quiet:
 
 
 def _own_sdk_version() -> str | None:
+    """The installed e2b's version, as importlib.metadata.version("e2b") gives it: the first distribution of
+    that name on sys.path. Read from its METADATA header by hand, since metadata.version parses the whole file
+    with the email package (milliseconds, on every converged run); anything unusual is left to it."""
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        found = [n for n in names if n.lower().startswith(("e2b-", "e2b.")) and n.endswith((".dist-info", ".egg-info"))]
+        if not found:
+            continue
+        if len(found) == 1 and found[0].endswith(".dist-info"):
+            try:
+                with open(os.path.join(entry or ".", found[0], "METADATA"), encoding="utf-8") as fh:
+                    for line in fh:
+                        if not line.strip():
+                            break
+                        key, sep, rest = line.partition(":")
+                        if sep and key.strip().lower() == "version":
+                            return rest.strip()
+            except OSError:
+                pass
+        break
     from importlib import metadata
 
     try:

@@ -217,3 +217,20 @@ def test_the_standin_refuses_a_non_loopback_address() -> None:
         timeout=30,
     )
     assert result.returncode == 2 and "not a loopback address" in result.stderr
+
+
+def test_the_sdk_version_in_the_fingerprint_is_what_importlib_metadata_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hand read of e2b's METADATA header gives metadata.version("e2b"): here, and with another e2b placed
+    first on sys.path (the first one on the path wins, as for importlib.metadata)."""
+    from importlib import metadata
+
+    from steps.e2b import _own_sdk_version
+
+    assert _own_sdk_version() == metadata.version("e2b")
+    dist = tmp_path / "e2b-9.8.7.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.4\nName: e2b\nVersion: 9.8.7rc1\n\nVersion: 0.0 (the body)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert _own_sdk_version() == metadata.version("e2b") == "9.8.7rc1"

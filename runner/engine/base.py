@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from runner.errors import InputError
@@ -15,9 +14,10 @@ from runner.record import StepRecord
 from runner.secrets import Masker, SecretStore
 from runner.state import StateStore
 from runner.template import Facts
+from runner.util.datatype import datatype, field
 
 
-@dataclass
+@datatype
 class Options:
     only: list[str] = field(default_factory=list)
     from_step: str | None = None

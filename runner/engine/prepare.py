@@ -7,7 +7,6 @@ import json
 import os
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from runner.template import (
     secret_parts,
     when_source,
 )
+from runner.util.datatype import datatype
 from runner.util.text import FALSE_WORDS, TRUE_WORDS
 from steps import kind_class
 from steps.base import StepContext, StepError, StepKind
@@ -36,7 +36,7 @@ from steps.base import StepContext, StepError, StepKind
 ITEM_KEY = re.compile(r"[A-Za-z0-9_.:@+-]{1,64}")
 
 
-@dataclass
+@datatype
 class Prepared:
     """A step rendered for this run: its kind instance, context and fingerprint."""
 
@@ -52,7 +52,7 @@ class Prepared:
         self.key = self.key or self.step.name
 
 
-@dataclass
+@datatype
 class Item:
     """One item of a for_each step."""
 
@@ -277,7 +277,7 @@ def item_key(value: Any) -> str:
     return f"{readable or 'item'}-{digest(text)[-8:]}"
 
 
-@dataclass
+@datatype
 class RemovedStep:
     """A record whose step is no longer in the pipeline, and what of it may still run (a detached job, a
     container), as its kind's teardown would say it."""

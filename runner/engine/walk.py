@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Literal
 
 from runner.causes import Cause, Change, cause
@@ -27,6 +26,7 @@ from runner.engine.prepare import Item, Prepared, Preparer
 from runner.errors import InputError
 from runner.events import Action, Decision
 from runner.model import StepDecl
+from runner.util.datatype import datatype, field
 from steps.base import StepError
 
 # How a step turned out, as the walk sees it. `pending`: plan only, it would (or may) run.
@@ -45,7 +45,7 @@ OUTCOME_OF_ACTION: dict[Action, Outcome] = {
 }
 
 
-@dataclass
+@datatype
 class Look:
     """A step's decision and what carrying it out needs: the rendered step (or each item's, for for_each), or
     why it could not be rendered (apply fails the step with it; plan raises it)."""

@@ -25,7 +25,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+
+from runner.util.datatype import datatype
 
 VARIABLE = "RUNNER_STEP_TAG"
 _NEEDLE = VARIABLE.encode() + b"="
@@ -36,7 +37,7 @@ def step_tag(state_dir: str, run_id: str, name: str) -> str:
     return hashlib.sha256(f"{state_dir}\0{run_id}\0{name}".encode()).hexdigest()[:24]
 
 
-@dataclass(frozen=True)
+@datatype(frozen=True)
 class Leftover:
     pid: int
     command: str

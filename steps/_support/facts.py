@@ -3,8 +3,9 @@ them here, and remote.py there, in one round trip), and a kind's own :class:`Fac
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar
+
+from runner.util.datatype import datatype, field
 
 if TYPE_CHECKING:
     from steps.base import StepContext
@@ -24,7 +25,7 @@ class Fact(Protocol[T]):
     def parse(self, code: int, out: str) -> T: ...
 
 
-@dataclass
+@datatype
 class FactQuery:
     """What a preflight asks of a machine, all answered at once (on another machine, in one round trip)."""
 
@@ -36,7 +37,7 @@ class FactQuery:
     sysctl: list[str] = field(default_factory=list)  # kernel parameters, dotted
 
 
-@dataclass
+@datatype
 class Facts:
     missing_paths: list[str] = field(default_factory=list)
     kernel: str = ""

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import configparser
 import os
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from runner.util.datatype import datatype
 
 if TYPE_CHECKING:
     from steps.base import StepContext
@@ -99,7 +100,7 @@ def same_url(a: str | None, b: str | None) -> bool:
     return a is not None and b is not None and norm(a) == norm(b)
 
 
-@dataclass
+@datatype
 class Clone:
     """What a clone's directory is: "none" (nothing, or an empty directory), "notgit" (something else), or
     "clone" with its origin, HEAD and branch; `remote` is the origin's head of the ref asked for ("" when the
@@ -112,7 +113,7 @@ class Clone:
     remote: str | None = None
 
 
-@dataclass
+@datatype
 class CloneFact:
     """The git kind's probe as a fact (steps/_support/facts.py): here from `.git` in-process, with no git process
     unless `ask_ref` asks the origin; there one script, with that machine's git."""

@@ -23,10 +23,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from runner.util.datatype import datatype
 from steps._support import remote, ssh
 from steps._support.files import expand
 from steps._support.supervise import TOKEN_VARIABLE, carries, start_time, write
@@ -39,7 +39,7 @@ START_GRACE = 0.5  # seconds a detached job must live before it counts as starte
 _START = "sed 's/.*) //' /proc/$_p/stat 2>/dev/null | cut -d' ' -f20"
 
 
-@dataclass
+@datatype
 class JobState:
     alive: bool
     exit_code: int | None

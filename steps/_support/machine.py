@@ -36,9 +36,9 @@ import signal
 import subprocess
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
+from runner.util.datatype import replace
 from runner.util.text import argv_of
 from steps._support import remote, ssh
 from steps._support.facts import Fact, FactQuery, Facts, T

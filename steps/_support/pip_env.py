@@ -13,10 +13,10 @@ import hashlib
 import json
 import shutil
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from runner.util.datatype import datatype, field
 from runner.util.interpreter import this_python
 from steps._support import ssh
 from steps._support.files import content_digest
@@ -28,7 +28,7 @@ FILE_END = "RUNNER-FILE-END"
 QUERY_MARK = "RUNNER-QUERY"
 
 
-@dataclass
+@datatype
 class Env:
     """A pip step's interpreter and inputs as its machine has them."""
 
@@ -62,7 +62,7 @@ def path_word(path: str) -> str:
     return ssh.quote(path)
 
 
-@dataclass
+@datatype
 class PipFact:
     python: str | None  # the step's `python:`
     venv: str | None

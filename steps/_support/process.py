@@ -12,18 +12,18 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from runner.util import sweep
+from runner.util.datatype import datatype
 from steps.base import StepContext, StepError
 
 TAIL_LINES = 20
 STDOUT_LIMIT = 64 * 1024
 
 
-@dataclass
+@datatype
 class Completed:
     returncode: int
     stdout: str

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
+from runner.util.datatype import replace
 from runner.util.text import argv_of
 from steps._support import ssh
 from steps._support.facts import FactQuery, Facts
