@@ -100,3 +100,13 @@ def test_a_required_field_after_a_default_is_refused_as_dataclass_does() -> None
 
     with pytest.raises(TypeError, match="'b' without a default"):
         dt.datatype(Bad)
+
+
+def test_replace_without_post_init_copies_and_stays_frozen() -> None:
+    cls = build("datatype", True)
+    a = cls("a", 1, ("x",))  # type: ignore[arg-type]
+    b = dt.replace(a, count=2)
+    assert (a.count, b.count, b.name, b.tags) == (1, 2, "a", ("x",))
+    assert b == cls("a", 2, ("x",)) and b != a  # type: ignore[arg-type]
+    with pytest.raises(AttributeError):
+        b.count = 3

@@ -154,9 +154,16 @@ def datatype(cls: type[T] | None = None, /, *, frozen: bool = False) -> Any:
 
 
 def replace(obj: T, /, **changes: Any) -> T:
-    """A copy of `obj` with `changes`: `dataclasses.replace` for a `@datatype` class."""
-    fields = type(obj).__value_fields__  # type: ignore[attr-defined]
-    unknown = set(changes) - set(fields)
+    """A copy of `obj` with `changes`: `dataclasses.replace` for a `@datatype` class (through `__init__`, so
+    `__post_init__` runs, when the class has one; a copy of the fields otherwise)."""
+    cls = type(obj)
+    fields = cls.__value_fields__  # type: ignore[attr-defined]
+    unknown = changes.keys() - set(fields)
     if unknown:
-        raise TypeError(f"{type(obj).__qualname__} has no field {sorted(unknown)[0]!r}")
-    return type(obj)(**{name: changes.get(name, getattr(obj, name)) for name in fields})
+        raise TypeError(f"{cls.__qualname__} has no field {sorted(unknown)[0]!r}")
+    if hasattr(cls, "__post_init__"):
+        return cls(**{name: changes.get(name, getattr(obj, name)) for name in fields})
+    copy = object.__new__(cls)
+    copy.__dict__.update(obj.__dict__)
+    copy.__dict__.update(changes)
+    return copy
