@@ -25,8 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-
-from runner.util.datatype import datatype
+from dataclasses import dataclass
 
 VARIABLE = "RUNNER_STEP_TAG"
 _NEEDLE = VARIABLE.encode() + b"="
@@ -37,7 +36,7 @@ def step_tag(state_dir: str, run_id: str, name: str) -> str:
     return hashlib.sha256(f"{state_dir}\0{run_id}\0{name}".encode()).hexdigest()[:24]
 
 
-@datatype(frozen=True)
+@dataclass(frozen=True)
 class Leftover:
     pid: int
     command: str
