@@ -110,3 +110,15 @@ def test_replace_without_post_init_copies_and_stays_frozen() -> None:
     assert b == cls("a", 2, ("x",)) and b != a  # type: ignore[arg-type]
     with pytest.raises(AttributeError):
         b.count = 3
+
+
+def test_inheriting_fields_is_refused_rather_than_dropped() -> None:
+    @dt.datatype
+    class Base:
+        a: int
+
+    class Child(Base):
+        b: int
+
+    with pytest.raises(TypeError, match="does not inherit fields"):
+        dt.datatype(Child)

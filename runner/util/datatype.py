@@ -6,7 +6,7 @@ each one (it generates and compiles `__init__`, `__repr__`, `__eq__`, `__hash__`
 `__init__` and shares the rest, so a class costs a few microseconds.
 
 What it keeps of dataclass: fields are the class's own annotations in order (not ClassVar ones, and not a
-base class's: no class here inherits fields); a default is the class attribute, `field(default_factory=...)`
+base class's: inheriting them is refused); a default is the class attribute, `field(default_factory=...)`
 makes one per instance and `field(compare=False)` leaves a field out of `==` and the hash; `__post_init__` is
 called; `frozen=True` refuses assignment, and a frozen class hashes by its compared fields, a mutable one is
 unhashable (dataclass's eq=True rules). `replace(obj, **changes)` is `dataclasses.replace`. `typing`'s
@@ -74,6 +74,8 @@ def _is_classvar(annotation: Any) -> bool:
 
 
 def _build(cls: type[T], frozen: bool) -> type[T]:
+    if any(hasattr(base, "__value_fields__") for base in cls.__mro__[1:]):
+        raise TypeError(f"{cls.__qualname__}: a @datatype class does not inherit fields (use dataclasses for that)")
     annotations = cls.__dict__.get("__annotations__", {})
     names: list[str] = []
     compared: list[str] = []
@@ -110,12 +112,10 @@ def _build(cls: type[T], frozen: bool) -> type[T]:
             else:
                 setattr(cls, name, spec.default)
         body.append(f"_set(self, {name!r}, {initial})" if frozen else f"self.{name} = {initial}")
-    if "__post_init__" in cls.__dict__ or hasattr(cls, "__post_init__"):
+    if hasattr(cls, "__post_init__"):
         body.append("self.__post_init__()")
     scope["_set"] = object.__setattr__
-    source = f"def __init__(self, {', '.join(params)}):\n    " + ("\n    ".join(body) or "pass")
-    if not params:
-        source = "def __init__(self):\n    " + ("\n    ".join(body) or "pass")
+    source = f"def __init__({', '.join(['self', *params])}):\n    " + ("\n    ".join(body) or "pass")
     exec(source, scope)  # noqa: S102 - one compiled __init__, from field names only
     init = scope["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
