@@ -1,3 +1,3 @@
-from sandbox_standin.server import main
+from sandbox_standin.cli import main
 
 raise SystemExit(main())

@@ -29,227 +29,21 @@ Nothing here isolates anything.
 
 from __future__ import annotations
 
-import argparse
-import base64
 import hmac
-import ipaddress
 import json
-import os
-import queue
-import re
-import secrets
-import shutil
-import signal
-import struct
-import subprocess
 import sys
-import threading
 import time
-import uuid
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
-ENVD_VERSION = "0.2.0"
-ENVD_PORT = 49983  # the control-plane port inside the VM (AgentENV src/cfg.rs; the SDK's default too)
+from sandbox_standin.envd import envelope, is_uuid, read_envelope, run_process
+from sandbox_standin.registry import ALIAS, ENVD_PORT, ENVD_VERSION, Registry, Sandbox
+
 MAX_BODY = 16 * 1024 * 1024
 NOT_A_SANDBOX = (
     "sandbox_standin: this is NOT a sandbox. Commands run as ordinary processes of user {user} on this host, "
     "in {root}. Use it for rehearsals on loopback only."
 )
-
-
-@dataclass
-class Sandbox:
-    sandbox_id: str
-    template_id: str
-    alias: str
-    client_id: str
-    directory: Path
-    env_vars: dict[str, str]
-    metadata: dict[str, str]
-    started: float
-    timeout: float
-    access_token: str | None  # set when created with `secure: true`; the data plane then requires it
-    processes: set[subprocess.Popen[bytes]] = field(default_factory=set)
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "templateID": self.template_id,
-            "alias": self.alias,
-            "sandboxID": self.sandbox_id,
-            "clientID": self.client_id,
-            "startedAt": _iso(self.started),
-            "endAt": _iso(self.started + self.timeout),
-            "cpuCount": 1,
-            "memoryMB": 512,
-            "diskSizeMB": 1024,
-            "state": "running",
-            "envdVersion": ENVD_VERSION,
-            "metadata": self.metadata,
-        }
-
-
-@dataclass
-class Template:
-    """A template as AgentENV keeps it: one record whose id is also its build id (compatibility mode)."""
-
-    template_id: str
-    name: str
-    status: str = "waiting"  # waiting (requested) -> building -> ready | error
-    image: str | None = None
-    reason: str | None = None
-    ready_at: float = 0.0
-    log: list[dict[str, str]] = field(default_factory=list)
-
-    def current_status(self) -> str:
-        if self.status == "building" and time.time() >= self.ready_at:
-            self.status = "ready"
-            self.log.append(_log_entry("info", f"template {self.name} is ready"))
-        return self.status
-
-
-ALIAS = re.compile(r"[A-Za-z0-9_-]+")  # SnapshotAlias::parse: ASCII letters, digits, hyphens, underscores
-
-
-def _log_entry(level: str, message: str) -> dict[str, str]:
-    return {"timestamp": _iso(time.time()), "level": level, "message": message}
-
-
-def _iso(stamp: float) -> str:
-    return datetime.fromtimestamp(stamp, tz=timezone.utc).isoformat().replace("+00:00", "Z")
-
-
-class Registry:
-    """The templates and the live sandboxes, each sandbox with its scratch directory and running processes."""
-
-    def __init__(self, root: Path, templates: set[str], build_seconds: float = 0.0) -> None:
-        self.root = root
-        self.lock = threading.Lock()
-        self.build_seconds = build_seconds
-        self.templates: dict[str, Template] = {}
-        self.sandboxes: dict[str, Sandbox] = {}
-        for name in sorted(templates):  # made before start, as `aenv pull` would have made them
-            self.templates[name] = Template(str(uuid.uuid4()), name, status="ready", image="(preset)")
-
-    # ---- templates ---------------------------------------------------------------------------------------
-
-    def request_template(self, name: str) -> Template:
-        with self.lock:
-            template = Template(str(uuid.uuid4()), name)
-            self.templates.setdefault(name, template)  # a name that is new resolves once its build is ready
-            self.templates[template.template_id] = template
-            return template
-
-    def template(self, key: str, ready_only: bool = True) -> Template | None:
-        """By id or by name; a name resolves only to a committed (ready) template, as resolve_committed_alias."""
-        with self.lock:
-            found = self.templates.get(key)
-        if found is None:
-            return None
-        status = found.current_status()
-        if ready_only and status != "ready":
-            return None
-        return found
-
-    def start_build(self, template: Template, body: dict[str, Any]) -> None:
-        steps = body.get("steps") or []
-        image = body.get("fromImage") or body.get("fromTemplate")
-        template.image = str(image) if image else "(the server's default image)"
-        template.log.append(_log_entry("info", f"building {template.name} from {template.image}"))
-        if steps:
-            kinds = ", ".join(sorted({str(step.get("type", "?")) for step in steps if isinstance(step, dict)}))
-            template.status = "error"
-            template.reason = (
-                f"sandbox_standin cannot run template build steps ({kinds}): it has no images; "
-                "build from an image alone, or rehearse against a real AgentENV"
-            )
-            return
-        template.status = "building"
-        template.ready_at = time.time() + self.build_seconds
-        with self.lock:
-            self.templates[template.name] = template  # the name now resolves to this build (once ready)
-
-    # ---- sandboxes ---------------------------------------------------------------------------------------
-
-    def create(self, body: dict[str, Any], template: Template) -> Sandbox:
-        given = body.get("timeout")
-        timeout = float(given) if isinstance(given, (int, float)) else 15.0  # NewSandbox's default is 15 s
-        sandbox_id = str(uuid.uuid4())
-        directory = self.root / "sandboxes" / sandbox_id
-        directory.mkdir(parents=True)
-        env_vars = {str(k): str(v) for k, v in (body.get("envVars") or {}).items()}
-        metadata = {str(k): str(v) for k, v in (body.get("metadata") or {}).items()}
-        token = secrets.token_hex(16) if body.get("secure") is True else None
-        box = Sandbox(
-            sandbox_id,
-            template.template_id,
-            template.name,
-            "standin",
-            directory,
-            env_vars,
-            metadata,
-            time.time(),
-            timeout,
-            token,
-        )
-        with self.lock:
-            self.sandboxes[sandbox_id] = box
-        return box
-
-    def get(self, sandbox_id: str) -> Sandbox | None:
-        self.reap()
-        with self.lock:
-            return self.sandboxes.get(sandbox_id)
-
-    def kill(self, sandbox_id: str) -> bool:
-        with self.lock:
-            box = self.sandboxes.pop(sandbox_id, None)
-        if box is None:
-            return False
-        for proc in list(box.processes):
-            _kill_group(proc)
-        shutil.rmtree(box.directory, ignore_errors=True)
-        return True
-
-    def reap(self) -> None:
-        now = time.time()
-        with self.lock:
-            expired = [sid for sid, box in self.sandboxes.items() if box.started + box.timeout < now]
-        for sandbox_id in expired:
-            self.kill(sandbox_id)
-
-    def listing(self) -> list[dict[str, Any]]:
-        self.reap()
-        with self.lock:
-            return [box.describe() for box in self.sandboxes.values()]
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def envelope(payload: dict[str, Any], flags: int = 0) -> bytes:
-    body = json.dumps(payload, separators=(",", ":")).encode()
-    return struct.pack(">BI", flags, len(body)) + body
-
-
-def read_envelope(data: bytes) -> dict[str, Any]:
-    if len(data) < 5:
-        raise ValueError("the request holds no Connect envelope")
-    flags, length = struct.unpack(">BI", data[:5])
-    if flags & 0x01:
-        raise ValueError("compressed Connect messages are not supported")
-    message = json.loads(data[5 : 5 + length] or b"{}")
-    if not isinstance(message, dict):
-        raise ValueError("the Connect message is not a JSON object")
-    return message
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -531,7 +325,7 @@ class Handler(BaseHTTPRequestHandler):
         problem = None
         if not raw_id:
             problem = "missing sandbox routing header"
-        elif not _is_uuid(raw_id):
+        elif not is_uuid(raw_id):
             problem = "invalid sandbox routing header"
         elif not raw_port:
             problem = "missing target port routing header"
@@ -566,93 +360,14 @@ class Handler(BaseHTTPRequestHandler):
         self._send(501, {"code": "unimplemented", "message": f"{method} {path} is not in the stand-in"})
 
     def _process_start(self, box: Sandbox, request: dict[str, Any]) -> None:
-        self._stream_start()
-        spec = request.get("process") or {}
-        argv = [str(spec.get("cmd") or "/bin/bash"), *[str(a) for a in spec.get("args") or []]]
-        cwd = box.directory / str(spec.get("cwd") or "").lstrip("/")
-        cwd.mkdir(parents=True, exist_ok=True)
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-            "HOME": str(box.directory),
-            "LANG": "C.UTF-8",
-            "E2B_SANDBOX": "true",
-            "E2B_SANDBOX_ID": box.sandbox_id,
-            **box.env_vars,
-            **{str(k): str(v) for k, v in (spec.get("envs") or {}).items()},
-        }
         deadline_ms = self.headers.get("Connect-Timeout-Ms")
         deadline = time.monotonic() + int(deadline_ms) / 1000 if deadline_ms and deadline_ms.isdigit() else None
+        self._stream_start()
         try:
-            proc = subprocess.Popen(
-                argv,
-                cwd=cwd,
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            self._chunk(envelope({"event": {"start": {"pid": 0}}}))
-            self._chunk(envelope({"event": {"data": {"stderr": _b64(f"{argv[0]}: {exc.strerror}\n".encode())}}}))
-            self._chunk(envelope({"event": {"end": {"exitCode": 127, "exited": True, "status": "exit status 127"}}}))
-            self._stream_end()
-            return
-        box.processes.add(proc)
-        try:
-            self._pump(proc, deadline)
+            error = run_process(box, request, deadline, lambda event: self._chunk(envelope(event)))
         except (BrokenPipeError, ConnectionResetError):
-            _kill_group(proc)  # the client went away: so does its command
-        finally:
-            box.processes.discard(proc)
-
-    def _pump(self, proc: subprocess.Popen[bytes], deadline: float | None) -> None:
-        events: queue.Queue[tuple[str, bytes]] = queue.Queue()
-
-        def reader(stream: Any, name: str) -> None:
-            for chunk in iter(lambda: stream.read1(65536), b""):
-                events.put((name, chunk))
-            events.put((name, b""))
-
-        for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
-            threading.Thread(target=reader, args=(stream, name), daemon=True).start()
-        self._chunk(envelope({"event": {"start": {"pid": proc.pid}}}))
-        open_streams = 2
-        timed_out = False
-        while open_streams:
-            wait = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                name, chunk = events.get(timeout=wait)
-            except queue.Empty:
-                timed_out = True
-                _kill_group(proc)
-                deadline = None
-                continue
-            if not chunk:
-                open_streams -= 1
-                continue
-            self._chunk(envelope({"event": {"data": {name: _b64(chunk)}}}))
-        code = proc.wait()
-        if timed_out:
-            self._stream_end({"code": "deadline_exceeded", "message": "the command ran past its timeout"})
-            return
-        status = f"exit status {code}" if code >= 0 else f"signal: {signal.Signals(-code).name.lower()[3:]}"
-        end = {"exitCode": code if code >= 0 else -1, "exited": code >= 0, "status": status}
-        self._chunk(envelope({"event": {"end": end}}))
-        self._stream_end()
-
-
-def _is_uuid(text: str) -> bool:
-    """SandboxId::parse_str: sandbox ids are UUIDs."""
-    try:
-        uuid.UUID(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _b64(data: bytes) -> str:
-    return base64.b64encode(data).decode()
+            return  # the client went away: so did its command
+        self._stream_end(error)
 
 
 class StandinServer(ThreadingHTTPServer):
@@ -672,109 +387,3 @@ class StandinServer(ThreadingHTTPServer):
         self.v1_only = v1_only
         self.verbose = verbose
         super().__init__(address, Handler)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-API_KEY_CHARS = re.compile(r"[A-Za-z0-9._~-]{32,256}")
-
-
-class BadKey(ValueError):
-    """A key AgentENV would refuse at start (src/api_key.rs ApiKey::new)."""
-
-
-def load_key(key_file: Path) -> str:
-    """AENV_API_KEY if set, else the key file, else a new key written there (0600), as src/api_key.rs resolves it:
-    the key must be 32-256 URL-safe characters, and a generated one is ``e2b_`` + 64 hex digits (32 random bytes).
-    """
-    key = os.environ.get("AENV_API_KEY", "").strip()
-    if not key and key_file.is_file():
-        key = key_file.read_text(encoding="utf-8").strip()
-    if key:
-        if not API_KEY_CHARS.fullmatch(key):
-            raise BadKey("API key must contain between 32 and 256 URL-safe characters")
-        return key
-    key = "e2b_" + secrets.token_hex(32)
-    key_file.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(key + "\n")
-    return key
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m sandbox_standin",
-        description="An E2B-compatible stand-in for the AgentENV API, for rehearsals and tests. NOT a sandbox: "
-        "commands run on this host.",
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="a loopback address (others are refused)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--root", default=".sandbox-standin", help="scratch directories live here")
-    parser.add_argument("--key-file", help="where the key is kept (default ROOT/secrets/api-key)")
-    parser.add_argument(
-        "--templates",
-        default="",
-        help="comma-separated template names that exist at start, as if made earlier with `aenv pull` "
-        "(default: none, as a freshly started AgentENV)",
-    )
-    parser.add_argument("--v1-only", action="store_true", help="answer 405 on POST /v2/sandboxes (pre-PR #306)")
-    parser.add_argument(
-        "--ready-after",
-        type=float,
-        default=0.0,
-        help="start listening only after this many seconds (AgentENV's first start fetches its runtime first)",
-    )
-    parser.add_argument("--build-seconds", type=float, default=0.0, help="how long a template build takes")
-    parser.add_argument("--verbose", action="store_true", help="log every request")
-    args = parser.parse_args(argv)
-    if not is_loopback(args.host):
-        parser.error(f"--host {args.host} is not a loopback address: this stand-in runs commands on this host")
-    root = Path(args.root).resolve()
-    root.mkdir(parents=True, exist_ok=True)
-    try:
-        key = load_key(Path(args.key_file).resolve() if args.key_file else root / "secrets" / "api-key")
-    except BadKey as exc:
-        print(f"sandbox_standin: invalid AENV_API_KEY: {exc}", file=sys.stderr)
-        return 1
-    registry = Registry(
-        root, {t.strip() for t in args.templates.split(",") if t.strip()}, build_seconds=args.build_seconds
-    )
-    if args.ready_after > 0:
-        print(f"sandbox_standin: preparing; listening in {args.ready_after:g}s", file=sys.stderr, flush=True)
-        time.sleep(args.ready_after)
-    try:
-        server = StandinServer(
-            (args.host, args.port),
-            registry,
-            key,
-            v1_only=args.v1_only,
-            verbose=args.verbose,
-        )
-    except OSError as exc:
-        print(f"sandbox_standin: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)
-        return 1
-    user = os.environ.get("USER") or str(os.getuid())
-    print(NOT_A_SANDBOX.format(user=user, root=root), file=sys.stderr, flush=True)
-    print(f"sandbox_standin: listening on http://{args.host}:{server.server_port}", file=sys.stderr, flush=True)
-
-    def stop(signum: int, frame: Any) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        server.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        for sandbox_id in list(registry.sandboxes):
-            registry.kill(sandbox_id)
-        server.server_close()
-    return 0

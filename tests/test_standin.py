@@ -216,7 +216,7 @@ def test_a_key_agentenv_would_refuse_stops_the_server_at_start(tmp_path: Path) -
     assert result.returncode == 1
     assert "API key must contain between 32 and 256 URL-safe characters" in result.stderr
     # with no key given, one is generated as AgentENV generates it: e2b_ and 64 hex digits, in a 0600 file
-    from sandbox_standin.server import load_key
+    from sandbox_standin.cli import load_key
 
     generated = load_key(tmp_path / "secrets" / "api-key")
     assert generated.startswith("e2b_") and len(generated) == 4 + 64
