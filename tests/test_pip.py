@@ -345,7 +345,7 @@ def test_pip_settings_read_as_pip_reads_them(tmp_path: Path) -> None:
     assert pip_settings({**env, "PIP_CONFIG_FILE": os.devnull}, str(venv)) == {"trusted-host": "127.0.0.1"}
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(st.from_regex(SIMPLE_REQUIREMENT, fullmatch=True))
 def test_what_is_taken_as_a_plain_requirement_packaging_accepts(line: str) -> None:
     """The load skips packaging for requirements matching SIMPLE_REQUIREMENT: each must be one packaging parses,
