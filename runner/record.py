@@ -27,6 +27,12 @@ class StepRecord:
 
     @classmethod
     def of(cls, data: Any) -> StepRecord | None:
+        """A view of a stored record, shared and not copied: the store replaces a record, never edits it, and
+        this class only reads (each change of a step's life below builds a new record)."""
+        if type(data) is dict:
+            view = cls.__new__(cls)
+            view._data = data
+            return view
         return cls(data) if isinstance(data, Mapping) else None
 
     def to_dict(self) -> dict[str, Any]:

@@ -28,8 +28,12 @@ KINDS: dict[str, str] = {
 }
 
 
+_LOADED: dict[str, type[StepKind]] = {}
+
+
 def kind_class(kind: str) -> type[StepKind]:
-    module_name, _, class_name = KINDS[kind].partition(":")
-    module = importlib.import_module(module_name)
-    cls: type[StepKind] = getattr(module, class_name)
+    cls = _LOADED.get(kind)
+    if cls is None:
+        module_name, _, class_name = KINDS[kind].partition(":")
+        cls = _LOADED[kind] = getattr(importlib.import_module(module_name), class_name)
     return cls

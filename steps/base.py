@@ -179,9 +179,7 @@ class StepContext:
 
     def resolve(self, path: str) -> Path:
         """A path relative to the pipeline file's directory (absolute paths stay as they are)."""
-        expanded = os.path.expanduser(path)
-        p = Path(expanded)
-        return p if p.is_absolute() else self.pipeline_dir / p
+        return Path(os.path.join(self.pipeline_dir, os.path.expanduser(path)))  # join keeps an absolute one
 
 
 SpecT = TypeVar("SpecT", bound=BaseModel)

@@ -7,6 +7,7 @@ import contextlib
 import glob
 import hashlib
 import json
+import os
 import stat
 import threading
 import time
@@ -55,7 +56,7 @@ def expand(pattern: Path, ctx: StepContext | None = None) -> list[Path]:
     the background."""
     text = str(pattern)
     if not is_glob(text):
-        return [pattern] if pattern.exists() or pattern.is_symlink() else []
+        return [pattern] if os.path.lexists(text) else []  # it, or a link to anything (one lstat)
     if ctx is None:
         return sorted(Path(p) for p in glob.glob(text, recursive=True))
     found = _cancellable(lambda: glob.glob(text, recursive=True), ctx, f"expanding the pattern {text}")
