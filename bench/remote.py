@@ -1,7 +1,7 @@
 """Steps on another machine: a converged run of 20 remote steps on one host, its wall time and the connections
 it opens, beside what one ssh round trip costs on this machine.
 
-    python bench/remote.py [--rounds 7] [--dir /tmp/runner-bench-remote]
+    python bench/remote.py [--rounds 7] [--dir /tmp/runner-bench-remote] [--base REV]
 
 It starts its own OpenSSH server on 127.0.0.1 (a key and known_hosts made for it; tests/sshd.py does that for the
 tests too), writes an ssh_config naming it `benchhost`, and a pipeline of 20 steps there: 10 `run` with
@@ -12,7 +12,9 @@ venvs (from a local wheel). It converges them, then times converged applies:
 - within ControlPersist of the previous run (the edit-and-apply loop): no set-up at all;
 - both with -j 1 and -j 4;
 and, as floors, `ssh benchhost true` through a master and with a fresh connection, and a converged run of the
-same 20 steps with no `host:` (this machine). Connections are counted from the server's own log. Probes go to one
+same 20 steps with no `host:` (this machine). Connections are counted from the server's own log. With `--base REV`,
+it times the same converged runs for this tree and for REV (a git worktree under --dir) alternately, in one run
+against one server, and prints the medians side by side with the ratio this / base. Probes go to one
 shell per host ("the agent", a channel on the master): a probe costs a round trip, not a session. Prints a table.
 
 Where a Docker Engine runs here (the tests' `.ci/docker-up` finds or starts one), it also times a converged run of
@@ -50,8 +52,8 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def pipeline(work: Path, host: str | None) -> str:
-    there = work / ("there" if host else "here")
+def pipeline(work: Path, host: str | None, side: str = "") -> str:
+    there = work / side / ("there" if host else "here")
     on = f"host: {host}, " if host else ""
     steps = []
     for i in range(10):
@@ -85,6 +87,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--dir", default="/tmp/runner-bench-remote")
+    parser.add_argument("--base", help="a revision to time side by side with this tree (as bench/compare.py)")
     args = parser.parse_args()
     work = Path(args.dir)
     shutil.rmtree(work, ignore_errors=True)
@@ -93,13 +96,16 @@ def main() -> int:
     port = free_port()
     server = start_sshd(root, port, ["127.0.0.1"], "AcceptEnv DOCKER_HOST\n")  # the engine, for the docker rows
     try:
+        if args.base:
+            return compare(work, root, port, server, args.rounds, args.base)
         return run(work, root, port, server, args.rounds)
     finally:
         server.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 
-def run(work: Path, root: Path, port: int, server: object, rounds: int) -> int:
+def setup(work: Path, root: Path, port: int, server: object) -> tuple[Path, dict[str, str]]:
+    """benchhost in an ssh_config, the environment the runs get, a wheel and a git repository to use."""
     user = os.environ.get("USER") or "root"
     kind, key = server.host_key  # type: ignore[attr-defined]
     (root / "known_hosts").write_text(f"[127.0.0.1]:{port} {kind} {key}\n")
@@ -124,7 +130,11 @@ def run(work: Path, root: Path, port: int, server: object, rounds: int) -> int:
     sh(["git", "-C", str(src), "add", "f"], env=git_env)
     sh(["git", "-C", str(src), "commit", "-qm", "one"], env=git_env)
     sh(["git", "clone", "-q", "--bare", str(src), str(work / "repo.git")])
+    return config, env
 
+
+def run(work: Path, root: Path, port: int, server: object, rounds: int) -> int:
+    config, env = setup(work, root, port, server)
     remote_dir = work / "remote"
     local_dir = work / "local"
     for d, host in ((remote_dir, "benchhost"), (local_dir, None)):
@@ -208,6 +218,74 @@ def run(work: Path, root: Path, port: int, server: object, rounds: int) -> int:
         "what this machine's sshd and login shell take to start a command), then each probe one write and one "
         "read on it, plus the probes' own work there (pip's lists its interpreter's packages with Python)."
     )
+    return 0
+
+
+def compare(work: Path, root: Path, port: int, server: object, rounds: int, base: str) -> int:
+    """This tree and `base`, alternately: converged runs of the 20 remote steps (no master yet, and with the
+    master kept), -j 1 and -j 4, and the same steps on this machine; medians side by side."""
+    config, env = setup(work, root, port, server)
+    tree = work / "base-tree"
+    subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=True)
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), base], cwd=ROOT, check=True, capture_output=True)
+    revision = sh(["git", "-C", str(ROOT), "rev-parse", "--short", base]).strip()
+    sides = {"base": tree, "this": ROOT}
+    dirs: dict[tuple[str, str], Path] = {}
+    for label in sides:
+        for where, host in (("remote", "benchhost"), ("local", None)):
+            d = work / label / where
+            d.mkdir(parents=True)
+            (d / "pipeline.yaml").write_text(pipeline(work, host, label))
+            dirs[(label, where)] = d
+
+    def apply(label: str, where: str, jobs: str, control_dir: str, converged: bool = True) -> float:
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [PY, "-m", "runner", "apply", "-j", jobs],
+            cwd=dirs[(label, where)],
+            env={**env, "PYTHONPATH": str(sides[label]), "RUNNER_SSH_CONTROL_DIR": control_dir},
+            capture_output=True,
+            text=True,
+        )
+        took = time.perf_counter() - start
+        if proc.returncode != 0 or (converged and "changed=0" not in proc.stdout):
+            raise SystemExit(f"{label}: apply failed or changed something:\n{proc.stdout[-3000:]}\n{proc.stderr}")
+        return took
+
+    warm = tempfile.mkdtemp(prefix="rbc-")
+    try:
+        for label in sides:
+            for where in ("remote", "local"):
+                apply(label, where, "4", warm, converged=False)
+        samples: dict[tuple[str, str], list[float]] = {}
+        for _ in range(rounds):
+            for jobs in ("1", "4"):
+                for label in sides:
+                    fresh = tempfile.mkdtemp(prefix="rbc-")
+                    samples.setdefault((f"-j {jobs}, no master yet", label), []).append(
+                        apply(label, "remote", jobs, fresh)
+                    )
+                    samples.setdefault((f"-j {jobs}, master kept", label), []).append(
+                        apply(label, "remote", jobs, fresh)
+                    )
+                    subprocess.run(
+                        ["ssh", "-F", str(config), "-o", f"ControlPath={fresh}/%C", "-O", "exit", "benchhost"],
+                        capture_output=True,
+                    )
+                    shutil.rmtree(fresh, ignore_errors=True)
+                    samples.setdefault((f"-j {jobs}, on this machine", label), []).append(
+                        apply(label, "local", jobs, warm)
+                    )
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+        shutil.rmtree(warm, ignore_errors=True)
+    print(f"base: {base} ({revision}); this: the working tree; {rounds} rounds, alternating; medians")
+    print(f"{'converged, the 20 steps':42} {'base':>8} {'this':>8} {'this/base':>10}")
+    for name in dict.fromkeys(n for n, _ in samples):
+        was = statistics.median(samples[(name, "base")])
+        now = statistics.median(samples[(name, "this")])
+        print(f"{name:42} {was:7.3f}s {now:7.3f}s {now / was:9.2f}x")
     return 0
 
 
