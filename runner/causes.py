@@ -27,7 +27,7 @@ after_upstream          pending, never_ran, items (a for_each's count, or None),
 items_to_run            total, to_run: [[key, cause, [change, ...]], ...]
 items_up_to_date        count
 not_started             -- (apply after a failure without --keep-going)
-unreachable             host, problem (a machine that did not answer: nothing ran, the record is kept)
+unreachable             problem, hint (its machine did not answer the probe: nothing ran, the record is kept)
 ======================  ==============================================================================
 """
 

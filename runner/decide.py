@@ -75,6 +75,8 @@ def decide(
     if probe is None:
         raise ValueError(f"{name}: decide needs the probe of a current record (see to_observe)")
     found = [c if isinstance(c, Change) else Change.fact(c) for c in probe.changes]
+    if probe.status == "unknown":  # its machine did not answer: it fails without running, its record kept
+        return Decision(name, "fail", cause("unreachable", problem=probe.reason, hint=probe.hint))
     if probe.status != "ok":
         return Decision(name, "run", cause("probe", status=probe.status, text=probe.reason), found)
     return Decision(name, "ok", cause("up_to_date", text=probe.reason))

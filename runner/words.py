@@ -113,5 +113,5 @@ def reason(c: Cause, changes: Sequence[Change] = (), *, full: bool = True) -> st
     if k == "not_started":
         return "not started: an earlier step failed"
     if k == "unreachable":
-        return f"{d.get('host')} did not answer: {d.get('problem', '')}"
+        return f"not looked at: {d.get('problem', '')}"
     return k.replace("_", " ")

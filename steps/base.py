@@ -84,12 +84,13 @@ class Probe:
     """The result of a probe: ``ok``, or ``missing``/``drift`` with a reason and field-level changes (a
     :class:`Change`, or a kind's own words for one)."""
 
-    status: Literal["ok", "missing", "drift"]
+    status: Literal["ok", "missing", "drift", "unknown"]
     reason: str = ""
     changes: tuple[Change | str, ...] = ()
     # ok, but what the step provides is down on purpose (a job `runner stop` stopped): what depends on it and
     # would run is blocked, by name, instead of running against nothing
     stopped: bool = False
+    hint: str = ""  # unknown: what to check
 
     @classmethod
     def ok(cls, reason: str = "") -> Probe:
@@ -107,6 +108,12 @@ class Probe:
     @classmethod
     def drift(cls, reason: str, changes: tuple[Change | str, ...] = ()) -> Probe:
         return cls("drift", reason, changes)
+
+    @classmethod
+    def unknown(cls, reason: str, hint: str = "") -> Probe:
+        """The machine the step is on did not answer: nothing is known of the step there, so it is neither run
+        nor taken for missing (the step fails as unreachable and its record is kept)."""
+        return cls("unknown", reason, hint=hint)
 
 
 def scalar_text(value: Any) -> Any:
@@ -134,6 +141,12 @@ class StepError(Exception):
         self.hint = hint
         self.output_tail = output_tail
         self.field = field  # a field of the spec that is wrong as written: the engine reports bad input there
+
+
+class Unreachable(StepError):
+    """The machine a step is on did not answer (no connection, a stalled one, a host key that is not the known
+    one): what the step is there is not known. A probe that meets it is `unknown`, not `missing`; an apply that
+    meets it leaves the step's record as it was, so the next apply only looks again."""
 
 
 def _no_digest() -> str:

@@ -92,6 +92,12 @@ CASES: list[tuple[str, StepRecord | None, dict[str, Any], str]] = [
         {"probe": Probe("drift", "container drifted", (Change("ports", "8000", "9000"),))},
         "s: run - container drifted\n  ports: 8000 -> 9000",
     ),
+    (
+        "probe-unknown-fails-without-running",
+        done(),
+        {"probe": Probe.unknown("node1 did not answer within 60s over ssh", "check node1")},
+        "s: fail - not looked at: node1 did not answer within 60s over ssh",
+    ),
 ]
 
 

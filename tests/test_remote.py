@@ -4,8 +4,10 @@ there, converged, and re-run; the connections the server let in are counted from
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -845,3 +847,109 @@ def test_a_pipeline_moved_to_the_steps_host_keeps_its_records(
     apply = project.run("apply")
     assert apply.code == 0 and (there / "count").read_text() == "ran\n", apply.out
     assert "changed=0" in apply.out, apply.out
+
+
+@pytest.mark.parametrize("how", ["stopped", "host key changed", "stalled"])
+def test_a_machine_that_does_not_answer_is_not_a_step_to_run_again(
+    project: Project, remote: dict[str, Any], tmp_path: Path, how: str
+) -> None:
+    """A converged step there whose machine stops answering (its sshd gone, a host key that is not the known one,
+    a session that stalls) fails as unreachable without running, plan says so first, what waits on it is
+    blocked, its done record is kept, and once the machine answers again the next apply runs nothing."""
+    root, port = remote["root"], remote["port"]
+    there = tmp_path / "there"
+    there.mkdir()
+
+    def config_for(node1: str) -> str:
+        return _ssh_config(
+            remote, tmp_path, f"Host node1\n  HostName 127.0.0.1\n  IdentityFile {root}/client_key\n{node1}"
+        )
+
+    answering = f"  Port {port}\n  UserKnownHostsFile {root}/known_hosts\n"
+    project.extra_env["RUNNER_SSH_CONFIG"] = config_for(answering)
+    project.write(
+        f"""
+        name: unreachable
+        steps:
+          - name: made
+            host: node1
+            run: {{command: "echo ran >> {there}/count && touch {there}/made", creates: ["{there}/made"]}}
+          - name: after
+            run: "echo after >> after.count"
+        """
+    )
+    assert project.run("apply").code == 0
+    state = project.path / ".runner" / "state.json"
+    done = json.loads(state.read_text())["steps"]["made"]
+    assert done["status"] == "done"
+
+    paused: list[int] = []
+    if how == "stopped":
+        close_masters(project.extra_env["RUNNER_SSH_CONFIG"], remote["control"])  # no master of the last run helps
+        project.extra_env["RUNNER_SSH_CONFIG"] = config_for(f"  Port {free_port()}\n")
+        expected = "cannot reach node1 over ssh: unreachable"
+    elif how == "host key changed":
+        close_masters(project.extra_env["RUNNER_SSH_CONFIG"], remote["control"])
+        other = tmp_path / "other_host_key"
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+        kind, key = other.with_suffix(".pub").read_text().split()[:2]
+        (tmp_path / "wrong_known").write_text(f"[127.0.0.1]:{port} {kind} {key}\n")
+        wrong = f"  Port {port}\n  UserKnownHostsFile {tmp_path}/wrong_known\n"
+        project.extra_env["RUNNER_SSH_CONFIG"] = config_for(wrong)
+        expected = "cannot reach node1 over ssh: host key changed"
+    else:  # the machine stalls with the connection up: the last run's master stays, the server side stops
+        paused = _descendants(remote["server"].proc.pid)
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
+        project.extra_env["RUNNER_SSH_ANSWER_TIMEOUT"] = "2"
+        expected = "node1 did not answer within 2s over ssh"
+    try:
+        plan = project.run("plan")
+        assert plan.code == 2, plan.text
+        assert re.search(rf"x fail\s+made\s+.*{expected}", plan.out), plan.out
+        assert re.search(r"- block\s+after", plan.out), plan.out
+
+        failed = project.run("apply")
+        assert failed.code == 1, failed.text
+        assert expected in failed.out and "nothing ran" in failed.out, failed.out
+        assert "Traceback" not in failed.text
+        assert (there / "count").read_text().count("ran") == 1  # it never ran again
+        assert project.count("after.count") == 1  # what waits on it was blocked, not run
+        assert json.loads(state.read_text())["steps"]["made"] == done  # the record is the one it was
+    finally:
+        for pid in paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    close_masters(project.extra_env["RUNNER_SSH_CONFIG"], remote["control"])
+    project.extra_env["RUNNER_SSH_CONFIG"] = config_for(answering)  # it answers again
+    again = project.run("apply")
+    assert again.code == 0 and "changed=0" in again.out, again.text
+    assert (there / "count").read_text().count("ran") == 1
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below `pid` (the sshd sessions under the listener), from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_a_command_there_that_exits_255_is_its_own_failure(project: Project, remote: dict[str, Any]) -> None:
+    """255 is also ssh's exit for a lost connection: with the machine still answering, it is the command's."""
+    project.write('name: e\nsteps:\n  - {name: x, host: node1, run: {command: "exit 255"}}\n')
+    result = project.run("apply")
+    assert result.code == 1 and "command exited with code 255 on node1" in result.out, result.text
+    assert "cannot reach" not in result.out
+    assert json.loads((project.path / ".runner" / "state.json").read_text())["steps"]["x"]["status"] == "failed"

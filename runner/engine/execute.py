@@ -23,7 +23,7 @@ from runner.template import RenderError, render_string
 from runner.util import faults, sweep
 from runner.util.text import is_template
 from steps import kind_class
-from steps.base import StepError
+from steps.base import StepError, Unreachable
 
 STATUS_OUTCOME: dict[Status, Outcome] = {
     "ok": "ok",
@@ -213,6 +213,12 @@ class Executor:
 
     def execute(self, prep: Prepared, decision: Decision, started: float, log_path: Path) -> Result:
         name = prep.key
+        if decision.action == "fail":  # not looked at (its machine did not answer): nothing runs, nothing recorded
+            data = decision.cause.data
+            error = f"{data.get('problem', decision.reason)} (nothing ran; its record is kept)"
+            hint = str(data.get("hint") or "")
+            took = time.monotonic() - started
+            return self._report(Result(name, "failed", "", took, error=error, hint=hint, cause=decision.cause))
         common = prep.step.common
         log_path.parent.mkdir(parents=True, exist_ok=True)
         prep.ctx.log_path = log_path
@@ -269,7 +275,13 @@ class Executor:
             message = self.run.masker.mask(exc.message if isinstance(exc, StepError) else "interrupted")
             if interrupted:
                 message = "interrupted"
-            self.run.state.replace(name, begun.ended(interrupted, now(), duration, attempts, message).to_dict())
+            if isinstance(exc, Unreachable) and not interrupted:
+                # its machine stopped answering: what the step is there is not known, so its record stays as it
+                # was (the next apply looks again) instead of a failure that would make it run again
+                self.run.state.replace(name, previous.to_dict() if previous is not None else None)
+                message += " (its record is kept)"
+            else:
+                self.run.state.replace(name, begun.ended(interrupted, now(), duration, attempts, message).to_dict())
             result = Result(
                 name,
                 "interrupted" if interrupted else "failed",

@@ -10,7 +10,7 @@ from runner.events import Decision
 from runner.fingerprint import spec_changes
 from runner.record import STARTED, StepRecord
 from runner.util import sweep
-from steps.base import Probe, StepError
+from steps.base import Probe, StepError, Unreachable
 
 
 class Observer:
@@ -41,7 +41,7 @@ class Observer:
         elif looking == "probe":
             found = self.probe(prep)
             masked = tuple(self._mask_change(c) for c in found.changes)
-            probe = Probe(found.status, self.run.masker.mask(found.reason), masked, found.stopped)
+            probe = Probe(found.status, self.run.masker.mask(found.reason), masked, found.stopped, found.hint)
         decision = decide(
             prep.key,
             record,
@@ -124,6 +124,8 @@ class Observer:
     def probe(self, prep: Prepared) -> Probe:
         try:
             return prep.instance.probe(prep.ctx)
+        except Unreachable as exc:  # not known: neither run nor taken for missing
+            return Probe.unknown(exc.message, exc.hint)
         except StepError as exc:
             return Probe.missing(f"probe failed: {exc.message}")
         except OSError as exc:

@@ -12,7 +12,7 @@ from runner.util.text import argv_of
 from steps._support import ssh
 from steps._support.facts import FactQuery, Facts
 from steps._support.process import Completed, run_process
-from steps.base import StepContext, StepError
+from steps.base import StepContext, StepError, Unreachable
 
 HOST_DESCRIPTION = (
     "Run it on another machine over ssh: a ~/.ssh/config alias, user@host or ssh://user@host:port (the docker "
@@ -86,7 +86,19 @@ def run(
         ) from None
     if result.returncode == ssh.NO_DIRECTORY and cwd:
         raise StepError(f"working directory does not exist on {ssh.display(target)}: {cwd}")
+    if result.returncode == 255:
+        answered(target)  # 255 is also ssh's own exit when the connection fails: the host must still answer
     return result
+
+
+def answered(target: str) -> None:
+    """Unreachable unless the host answers a round trip now (a command's 255 is then its own)."""
+    code, out = ssh.quick(target, "echo runner-answered", timeout=ssh.CONNECT_TIMEOUT)
+    if code != 0 or "runner-answered" not in out:
+        raise Unreachable(
+            f"cannot reach {ssh.display(target)} over ssh: the connection ended with the command (exit 255)",
+            hint=f"check that {ssh.display(target)} is up; the command there may or may not have run",
+        )
 
 
 def failure(target: str, code: int, command: str | list[str], tail: Sequence[str], what: str = "command") -> StepError:

@@ -29,13 +29,14 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from steps.base import StepError
+from steps.base import StepError, Unreachable
 
 if TYPE_CHECKING:
     pass
 
 PERSIST = 60
 CONNECT_TIMEOUT = 15
+ANSWER_TIMEOUT = 60.0
 # an ssh destination: [user@]host (a name or an address, as ssh takes it) or ssh://[user@]host[:port] (host may be
 # [v6]); it never starts with "-", so it is never read as an option
 _USER = r"(?:[A-Za-z0-9._][A-Za-z0-9._-]*@)?"
@@ -225,7 +226,7 @@ def _start_master(target: str) -> None:
                 hint="install the OpenSSH client (apt-get install openssh-client) on the machine runner runs on",
             ) from None
         except subprocess.TimeoutExpired:
-            raise StepError(
+            raise Unreachable(
                 f"cannot reach {display(target)}: the ssh connection did not come up in {CONNECT_TIMEOUT * 4}s",
                 hint=f"check that `ssh {display(target)} true` works from here",
             ) from None
@@ -267,7 +268,7 @@ def connection_error(target: str, text: str) -> StepError:
         hint = f"check that {host} is up, that sshd listens on the port ~/.ssh/config gives, and no firewall is between"
     else:
         what, hint = "ssh failed", f"check that `ssh {host} true` works from here"
-    return StepError(f"cannot reach {host} over ssh: {what} ({said})", hint=hint)
+    return Unreachable(f"cannot reach {host} over ssh: {what} ({said})", hint=hint)
 
 
 def payload(script: str) -> tuple[str, bytes]:
@@ -318,7 +319,16 @@ exit $_rc
 """
 
 
-def quick(target: str, script: str, timeout: float = 60) -> tuple[int, str]:
+def answer_timeout() -> float:
+    """Seconds a probe waits for a machine to answer before it is taken as unreachable (default 60)."""
+    text = os.environ.get("RUNNER_SSH_ANSWER_TIMEOUT", "")
+    try:
+        return max(0.5, float(text)) if text else ANSWER_TIMEOUT
+    except ValueError:
+        return ANSWER_TIMEOUT
+
+
+def quick(target: str, script: str, timeout: float | None = None) -> tuple[int, str]:
     """Run a short read-only `script` on the host (a probe: one round trip), returning its exit code and output
     (stderr merged). It goes to the host's agent: one shell there per host and run, reading scripts on its stdin,
     so a probe costs the round trip and not a session's set-up (sshd's fork, the login shell and its rc files).
@@ -326,7 +336,7 @@ def quick(target: str, script: str, timeout: float = 60) -> tuple[int, str]:
     connect(target)
     with _AGENTS_LOCK:
         agent = _AGENTS.setdefault(target, _Agent(target))
-    return agent.run(script, timeout)
+    return agent.run(script, answer_timeout() if timeout is None else timeout)
 
 
 _MARK = "RUNNER-AGENT-END"
@@ -407,7 +417,11 @@ class _Agent:
                     got = self.lines.get(timeout=max(0.01, deadline - time.monotonic()))
                 except queue.Empty:
                     self._stop()
-                    raise StepError(f"{display(self.target)} did not answer within {timeout:g}s over ssh") from None
+                    raise Unreachable(
+                        f"{display(self.target)} did not answer within {timeout:g}s over ssh",
+                        hint=f"check that {display(self.target)} is up and `ssh {display(self.target)} true` answers "
+                        f"(RUNNER_SSH_ANSWER_TIMEOUT, {answer_timeout():g}s now, is how long a probe waits)",
+                    ) from None
                 if got is None:
                     raise connection_error(self.target, self._stop())
                 if got.startswith(end):
