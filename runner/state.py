@@ -78,7 +78,19 @@ class StateStore:
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
+            good = read_backup(self.backup)
+            if good is not None:
+                # state.json is never removed once written (replaced whole, compacted, never unlinked): gone
+                # beside a good backup, it was taken away, and starting over would run every done step again
+                raise StateError(
+                    f"{self.path} is missing, but its backup is there ({self.backup}, generation "
+                    f"{good.get('generation', 0)}, {len(good['steps'])} records, written "
+                    f"{iso(self.backup.stat().st_mtime)}): `runner restore-state` puts it back, and nothing it "
+                    f"records as done runs again (or move {self.backup.name} away too, to start over)"
+                ) from None
             return {"schema": SCHEMA_VERSION, "generation": 0, "steps": {}}
+        except UnicodeDecodeError:
+            raise StateError(f"{self.path} is not UTF-8 text; {self._way_back()}") from None
         except OSError as exc:
             raise StateError(f"cannot read {self.path}: {exc.strerror}") from None
         try:

@@ -217,9 +217,10 @@ def test_a_state_directory_made_before_by_another_file_stays_its_own(project: Pr
     assert project.count("work.count") == 1
 
 
-def test_a_damaged_state_is_restored_from_its_backup_without_re_running(project: Project) -> None:
-    """A state.json torn mid-write (issue 18, item 5): every command names the backup and the command that
-    restores it; after `runner restore-state` nothing that was done runs again."""
+@pytest.mark.parametrize("damage", ["torn", "removed", "not UTF-8"])
+def test_a_damaged_state_is_restored_from_its_backup_without_re_running(project: Project, damage: str) -> None:
+    """A state.json torn mid-write (issue 18, item 5), removed by hand, or not UTF-8 text: every command names
+    the backup and the command that restores it; after `runner restore-state` nothing that was done runs again."""
     project.write(
         """
         name: backup
@@ -235,16 +236,23 @@ def test_a_damaged_state_is_restored_from_its_backup_without_re_running(project:
     backup = project.path / ".runner" / "state.json.backup"
     assert json.loads(backup.read_text()) == json.loads(state.read_text())
     text = state.read_bytes()
-    with open(state, "r+b") as fh:  # torn in place, as a crash on a file system without atomic rename leaves it
-        fh.truncate(len(text) // 2)
+    if damage == "torn":
+        with open(state, "r+b") as fh:  # torn in place, as a crash on a file system without atomic rename leaves it
+            fh.truncate(len(text) // 2)
+    elif damage == "removed":
+        state.unlink()
+    else:
+        state.write_bytes(text.replace(b'"steps"', b'"st\xffeps"'))
     for command in ("plan", "apply", "status"):
         refused = project.run(command)
         assert refused.code == 1, refused.text
         assert "state.json.backup" in refused.err and "runner restore-state" in refused.err, refused.err
+        assert "Traceback" not in refused.err and "internal error" not in refused.err, refused.err
     assert project.count("one.count") == 1
     restored = project.run("restore-state")
     assert restored.code == 0 and "restored" in restored.out, restored.text
-    assert list((project.path / ".runner").glob("state.json.damaged-*")), "the damaged state was not kept"
+    damaged = list((project.path / ".runner").glob("state.json.damaged-*"))
+    assert bool(damaged) == (damage != "removed"), "the damaged state was not kept"
     again = project.run("apply")
     assert again.code == 0 and "changed=0" in again.out, again.text
     assert project.count("one.count") == 1 and project.count("two.count") == 1
