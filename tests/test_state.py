@@ -267,3 +267,26 @@ def test_restore_state_without_a_good_backup_says_so(project: Project) -> None:
     assert refused.code == 1 and "move it away to start over" in refused.err
     restore = project.run("restore-state")
     assert restore.code == 1 and "missing or damaged too" in restore.err, restore.text
+
+
+def test_logs_never_reads_through_a_planted_link(project: Project, tmp_path: Path) -> None:
+    """`runner logs` refuses a symbolic link where a log is, as apply and stop refuse one in .runner/: a step's
+    run log replaced by a link, and a link planted in .runner/jobs/."""
+    project.write('name: l\nsteps:\n  - name: job\n    run: "echo from-the-step"\n')
+    assert project.run("apply").code == 0
+    assert "from-the-step" in project.run("logs", "job").out
+    private = tmp_path / "private"
+    private.write_text("not-for-runner-to-show\n")
+    (log,) = (project.path / ".runner" / "logs").glob("*/job.log")
+    log.unlink()
+    log.symlink_to(private)
+    shown = project.run("logs", "job")
+    assert shown.code == 1 and "is a symbolic link" in shown.err, shown.text
+    assert "not-for-runner-to-show" not in shown.text
+    log.unlink()
+    jobs = project.path / ".runner" / "jobs"
+    jobs.mkdir(exist_ok=True)
+    (jobs / "job.log").symlink_to(private)
+    shown = project.run("logs", "job")
+    assert shown.code == 1 and "is a symbolic link" in shown.err and "job.log" in shown.err, shown.text
+    assert "not-for-runner-to-show" not in shown.text

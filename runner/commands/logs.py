@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 import time
 from pathlib import Path
@@ -13,6 +15,9 @@ from runner.commands import EXIT_FAILED, EXIT_OK, check_step, open_engine
 def run(args: argparse.Namespace) -> int:
     engine, _, _ = open_engine(args)
     check_step(engine, args.step)
+    from runner.state import check_no_links
+
+    check_no_links(engine.pipeline.state_dir)  # as apply and stop: nothing is read through a planted link
     if "[" not in args.step and engine.pipeline.step(args.step).common.for_each is None:
         if args.run is None:
             from steps.base import StepError
@@ -45,10 +50,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def show_log(path: Path | None, name: str, follow: bool) -> int:
-    if path is None or not path.exists():
+    if path is None or not os.path.lexists(path):
         print(f"{name}: no log yet" + (f" ({path})" if path else ""), file=sys.stderr)
         return EXIT_FAILED
-    with open(path, encoding="utf-8", errors="replace") as fh:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            print(f"{name}: {path} is a symbolic link: runner never reads a log through one", file=sys.stderr)
+        else:
+            print(f"{name}: cannot read {path}: {exc.strerror}", file=sys.stderr)
+        return EXIT_FAILED
+    with open(fd, encoding="utf-8", errors="replace") as fh:
         while True:
             chunk = fh.read(65536)
             if chunk:
