@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import Field, ValidationInfo, model_validator
 
 from runner.util import faults
-from steps._support.gitdir import NETWORK_ERRORS, CloneFact, git_dir, same_url
+from steps._support.gitdir import DISK_FULL, NETWORK_ERRORS, CloneFact, git_dir, same_url
 from steps._support.machine import machine_for
 from steps._support.process import log_line
 from steps._support.supervise import start_time
@@ -205,6 +205,13 @@ class GitStep(StepKind[GitSpec]):
         if result.returncode != 0:
             text = "\n".join(result.tail).strip()
             message = f"git {args[0]} failed{machine.where} (exit {result.returncode}): {_last_error(text)}"
+            full = next((m for m in DISK_FULL if m in text.lower()), None)
+            if full is not None:  # git then also says "early EOF" / "the remote end hung up": not the network
+                raise StepError(
+                    f"git {args[0]} failed{machine.where}: {full} (exit {result.returncode})",
+                    hint=f"free space where `dest` is{machine.where}, then apply again (not retried: it is the disk)",
+                    output_tail=text,
+                )
             if network and any(marker in text.lower() for marker in NETWORK_ERRORS):
                 raise GitNetworkError(message, output_tail=text)
             hint = ""

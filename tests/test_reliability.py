@@ -96,6 +96,27 @@ def _fill(path: Path) -> None:
         os.close(fd)
 
 
+def test_a_clone_into_a_full_disk_is_the_disk_not_the_network(small_disk: Path, tmp_path: Path) -> None:
+    """git says "early EOF" or "invalid index-pack output" after the disk filled: that is not the network, so it
+    is one attempt, said as the disk, and no half clone is left there."""
+    src = tmp_path / "src"
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t"}
+    env["GIT_COMMITTER_EMAIL"] = "t@t"
+    subprocess.run(["git", "init", "-q", "-b", "main", str(src)], check=True)
+    (src / "big").write_bytes(os.urandom(2 * 1024 * 1024))  # does not compress: more than the 512 KiB disk
+    subprocess.run(["git", "-C", str(src), "add", "big"], check=True, env=env)
+    subprocess.run(["git", "-C", str(src), "commit", "-qm", "big"], check=True, env=env)
+    project = Project(tmp_path / "project")
+    project.path.mkdir()
+    project.write(f'name: full\nsteps:\n  - name: repo\n    git: {{url: "file://{src}", dest: "{small_disk}/repo"}}\n')
+    result = project.run("apply")
+    assert result.code == 1, result.text
+    assert "No space left on device" in result.out or "no space left on device" in result.out, result.out
+    assert "retrying" not in result.text and "not retried: it is the disk" in result.out, result.text
+    assert not [p.name for p in small_disk.iterdir()], "a half clone was left on the full disk"
+    assert "Traceback" not in result.text
+
+
 def test_a_full_disk_is_a_clear_error_and_the_state_is_kept(small_disk: Path) -> None:
     project = Project(small_disk)
     project.write('name: disk\nvars: {n: "1"}\nsteps:\n  - name: a\n    run: "echo {{ vars.n }}"\n')

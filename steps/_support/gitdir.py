@@ -16,6 +16,10 @@ from runner.util.datatype import datatype
 if TYPE_CHECKING:
     from steps.base import StepContext
 
+# what the system says through git when the disk is full: a failure of its own, never retried (git's "early EOF"
+# and "the remote end hung up" that follow it would otherwise read as the network)
+DISK_FULL = ("no space left on device", "disk quota exceeded")
+
 # what git says when the network, not the request, failed: such a failure is retried (here and on a host)
 NETWORK_ERRORS = (
     "could not read from remote",
