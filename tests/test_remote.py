@@ -953,3 +953,40 @@ def test_a_command_there_that_exits_255_is_its_own_failure(project: Project, rem
     assert result.code == 1 and "command exited with code 255 on node1" in result.out, result.text
     assert "cannot reach" not in result.out
     assert json.loads((project.path / ".runner" / "state.json").read_text())["steps"]["x"]["status"] == "failed"
+
+
+def _masters(control: str) -> list[int]:
+    """The ssh master processes (`ssh ... -N`) whose control path is under `control`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv[:1] == [b"ssh"] and b"-N" in argv and any(control.encode() in a for a in argv):
+                found.append(int(entry))
+    return found
+
+
+def test_a_killed_master_leaves_no_socket_that_disables_the_next_one(project: Project, remote: dict[str, Any]) -> None:
+    """kill -9 of the ssh master leaves its socket: the next apply removes it and starts one master that binds,
+    instead of a connection that says "disabling multiplexing" and lives for good."""
+    project.write('name: m\nsteps:\n  - {name: x, host: node1, run: {command: "true"}}\n')
+    assert project.run("apply").code == 0
+    (master,) = _masters(remote["control"])
+    os.kill(master, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while master in _masters(remote["control"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert [p for p in Path(remote["control"]).iterdir()], "the killed master left no socket to test with"
+    for _ in range(2):
+        again = project.run("apply", "--force", "x")
+        assert again.code == 0, again.text
+    assert len(_masters(remote["control"])) == 1, _masters(remote["control"])
+    check = subprocess.run(
+        ["ssh", "-F", remote["config"], "-o", f"ControlPath={remote['control']}/%C", "-O", "check", "node1"],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stderr  # the one master binds the socket and serves

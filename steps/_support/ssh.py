@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -193,6 +194,7 @@ def _start_master(target: str) -> None:
     )
     if check.returncode == 0:
         return  # a master from an earlier run (ControlPersist) still serves
+    _remove_stale_socket(target)
     keep = persist()
     argv = [
         *base_argv(target),
@@ -211,21 +213,24 @@ def _start_master(target: str) -> None:
 
     with tempfile.TemporaryFile() as err:
         try:
-            proc = subprocess.run(
+            proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=err,  # a file, not a pipe: the master that forks off keeps it open
                 env=local_env(),
-                start_new_session=True,
-                timeout=CONNECT_TIMEOUT * 4,
+                start_new_session=True,  # its process group is proc.pid: the master that forks off stays in it
             )
+            code = proc.wait(timeout=CONNECT_TIMEOUT * 4)
         except FileNotFoundError:
             raise StepError(
                 f"cannot reach {display(target)}: there is no `ssh` program here",
                 hint="install the OpenSSH client (apt-get install openssh-client) on the machine runner runs on",
             ) from None
         except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
             raise Unreachable(
                 f"cannot reach {display(target)}: the ssh connection did not come up in {CONNECT_TIMEOUT * 4}s",
                 hint=f"check that `ssh {display(target)} true` works from here",
@@ -233,8 +238,56 @@ def _start_master(target: str) -> None:
         err.seek(0)
         text = err.read().decode("utf-8", "replace")
     opened.append(target)
-    if proc.returncode != 0:
+    if code != 0:
         raise connection_error(target, text)
+    if "disabling multiplexing" in text.lower():
+        # it could not bind the control socket: what forked off is a plain connection that no step uses and
+        # that would live for good (ControlPersist does not apply to it); it is in the session started for it
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        raise Unreachable(
+            f"cannot reach {display(target)} over ssh: its control socket could not be made ({_last(text)})",
+            hint=f"check the ssh control directory {control_dir()} (RUNNER_SSH_CONTROL_DIR)",
+        )
+
+
+def _last(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1] if lines else "ssh said nothing"
+
+
+def _socket_path(target: str) -> str | None:
+    """The control socket ssh uses for `target` (its `%C` expanded, as `ssh -G` says), or None."""
+    shown = subprocess.run(
+        [*base_argv(target), "-G", "--", target],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=local_env(),
+        timeout=30,
+    )
+    for line in shown.stdout.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "controlpath" and value and value != "none":
+            return value
+    return None
+
+
+def _remove_stale_socket(target: str) -> None:
+    """A control socket no master answers on (its master was killed) is removed, so the new master can bind it;
+    else ssh says "ControlSocket already exists, disabling multiplexing" and leaves a connection behind."""
+    path = _socket_path(target)
+    if path is None:
+        return
+    import stat
+
+    try:
+        if stat.S_ISSOCK(os.lstat(path).st_mode):
+            os.unlink(path)
+    except FileNotFoundError:
+        pass
+    except OSError:
+        pass  # not ours to remove: ssh says what is wrong when it starts
 
 
 def connection_error(target: str, text: str) -> StepError:
