@@ -143,7 +143,10 @@ def _shell_env(tmp_path: Path, make: bool = True) -> dict[str, str]:
         shim = bin_dir / "runner"
         shim.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m runner "$@"\n')
         shim.chmod(0o755)
-        (bin_dir / "python").symlink_to(sys.executable)
+        # a script, not a link: a venv's python linked from outside its venv would run as the base interpreter
+        python = bin_dir / "python"
+        python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+        python.chmod(0o755)
     env = dict(os.environ)
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     env["PYTHONPATH"] = str(ROOT)
@@ -177,7 +180,16 @@ def test_the_quickstart_header_runs_as_written(tmp_path: Path) -> None:
     assert len(lines) >= 5, lines
     script = "\n".join(f"echo '>>> {i}'\n{line}" for i, line in enumerate(lines))
     script += "\necho '>>> end'\n"
-    done = _in_namespace(script, tmp_path)
+    try:
+        done = _in_namespace(script, tmp_path)
+    finally:  # whatever happened, the sandbox server it started does not outlive the test
+        subprocess.run(
+            [sys.executable, "-m", "runner", "down"],
+            cwd=example,
+            env=_shell_env(tmp_path, make=False),
+            capture_output=True,
+            timeout=120,
+        )
     text = done.stdout + done.stderr
     assert done.returncode == 0 and ">>> end" in done.stdout, text
     parts = re.split(r">>> \d+\n", done.stdout)[1:]
