@@ -191,8 +191,9 @@ class LaunchStep(StepKind[LaunchSpec]):
         state = self._state(ctx, job)
         if state.alive:
             if state.orphaned:
+                child = f", pid {job['child_pid']}" if "child_pid" in job else ""
                 return Probe.ok(
-                    f"running since {_when(job.get('started'))}, pid {job['child_pid']} (its supervisor, pid "
+                    f"running{where} since {_when(job.get('started'))}{child} (its supervisor, pid "
                     f"{job['pid']}, is gone: the exit status will not be recorded)"
                 )
             return Probe.ok(f"running{where} since {_when(job.get('started'))}, pid {job['pid']}")

@@ -990,3 +990,48 @@ def test_a_killed_master_leaves_no_socket_that_disables_the_next_one(project: Pr
         text=True,
     )
     assert check.returncode == 0, check.stderr  # the one master binds the socket and serves
+
+
+def test_a_job_there_whose_wrapper_is_killed_is_adopted_not_started_twice(
+    project: Project, remote: dict[str, Any], tmp_path: Path
+) -> None:
+    """kill -9 of a remote job's sh wrapper while the job lives: the next apply adopts the job (its exit will not
+    be recorded) instead of starting a second one beside it, and `runner stop` stops the job itself."""
+    starts = tmp_path / "starts"
+    project.write(
+        f"""
+        name: orphan
+        steps:
+          - name: train
+            host: node1
+            launch: {{detach: true, command: "echo start >> {starts}; exec sleep 97779"}}
+        """
+    )
+    assert project.run("apply").code == 0
+    job = json.loads((project.path / ".runner" / "jobs" / "train.json").read_text())
+    os.kill(job["pid"], signal.SIGKILL)  # node1 is this machine: the wrapper's pid is a pid here
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{job['pid']}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    def sleeping() -> list[str]:
+        return [e for e in os.listdir("/proc") if e.isdigit() and _cmdline(e) == b"sleep\0" + b"97779\0"]
+
+    assert len(sleeping()) == 1
+    again = project.run("apply")
+    assert again.code == 0 and "changed=0" in again.out, again.text
+    assert "is gone: the exit status will not be recorded" in again.out, again.out
+    assert starts.read_text().count("start") == 1 and len(sleeping()) == 1  # not started a second time
+    stopped = project.run("stop", "train")
+    assert stopped.code == 0, stopped.text
+    deadline = time.monotonic() + 10
+    while sleeping() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert sleeping() == [], "the adopted job was not stopped"
+
+
+def _cmdline(pid: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""

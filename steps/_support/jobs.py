@@ -211,10 +211,21 @@ class SshJobs:
             f"tr '\\0' '\\n' < /proc/$_p/environ 2>/dev/null | grep -qx {token}"
         )
 
+    def _members(self, job: dict[str, Any]) -> str:
+        """Shell that prints "MEMBER <pid>" for the job's processes in the session its wrapper made ($_p: the
+        wrapper's pid is the session's id) that carry its token: the job, when the wrapper itself was killed."""
+        token = ssh.quote(f"{TOKEN_VARIABLE}={job.get('token', '')}")
+        return (
+            "for _d in /proc/[0-9]*; do "
+            "[ \"$(sed 's/.*) //' $_d/stat 2>/dev/null | cut -d' ' -f4)\" = \"$_p\" ] || continue; "
+            f"tr '\\0' '\\n' < $_d/environ 2>/dev/null | grep -qx {token} && echo \"MEMBER ${{_d#/proc/}}\"; "
+            "done"
+        )
+
     def state(self, ctx: StepContext, job: dict[str, Any], cwd: str | None, creates: list[str]) -> JobState:
         lines = []
         if isinstance(job.get("pid"), int):
-            lines.append(f"_p={int(job['pid'])}; if {self._mine(job)}; then echo RUN; fi")
+            lines.append(f"_p={int(job['pid'])}; if {self._mine(job)}; then echo RUN; else {self._members(job)}; fi")
             exit_file = job.get("exit_file")
             if isinstance(exit_file, str):
                 lines.append(f'[ -f "{exit_file}" ] && echo "EXIT $(cat "{exit_file}")"')
@@ -223,18 +234,21 @@ class SshJobs:
                 lines.append(f"cd {ssh.quote(cwd)} 2>/dev/null")
             for index, pattern in enumerate(creates):
                 lines.append(f'_f=0; {remote.any_match(pattern)} && _f=1; echo "C{index} $_f"')
-        alive, code, found = False, None, {}
+        alive, orphaned, code, found = False, False, None, {}
         if lines:
             for line in ssh.quick(self.host, "\n".join(lines) + "\n:\n")[1].splitlines():
                 head, _, rest = line.partition(" ")
                 if head == "RUN":
                     alive = True
+                elif head == "MEMBER":  # its wrapper is gone, the job runs on: adopted, its exit not recorded
+                    alive = orphaned = True
                 elif head == "EXIT" and rest.strip().lstrip("-").isdigit():
                     code = int(rest.strip())
                 elif head.startswith("C"):
                     found[head[1:]] = rest.strip() == "1"
         missing = next((p for i, p in enumerate(creates) if not found.get(str(i), False)), None)
-        return JobState(alive and "exit_code" not in job, code, False, missing)
+        running = alive and "exit_code" not in job and (code is None or not orphaned)
+        return JobState(running, code, orphaned and running, missing)
 
     def _dir(self, ctx: StepContext) -> str:
         """The job directory there: one per pipeline (its state directory's path names it), for its steps' logs
@@ -322,11 +336,13 @@ echo "HOME $HOME"
         (the waiting happens there). Only while the pid is still the job's (start time and token)."""
         tenths = max(1, int(timeout * 10))
         mine = self._mine(job)
+        members = self._members(job)
         script = f"""_p={int(job["pid"])}
-if ! {{ {mine}; }}; then echo GONE; exit 0; fi
+_live() {{ {mine} || [ -n "$({members})" ]; }}
+if ! _live; then echo GONE; exit 0; fi
 kill -{stop_signal} -$_p 2>/dev/null || kill -{stop_signal} $_p 2>/dev/null
 _i=0
-while {mine}; do
+while _live; do
   _i=$((_i+1)); if [ $_i -gt {tenths} ]; then kill -KILL -$_p 2>/dev/null; echo KILLED; exit 0; fi
   sleep 0.1
 done
