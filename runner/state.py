@@ -121,7 +121,7 @@ class StateStore:
         return (
             f"the last good snapshot is {self.backup} (generation {good.get('generation', 0)}, written {when}): "
             "`runner restore-state` puts it back, and nothing it records as done runs again "
-            "(or move state.json away to start over)"
+            "(or move state.json and its backup away, to start over)"
         )
 
     def _replay(self, data: dict[str, Any]) -> int:

@@ -120,7 +120,8 @@ def test_a_converged_apply_runs_no_installer(project: Project, wheelhouse: Path,
         assert "tinyalpha" in calls.read_text()
         calls.unlink()
         assert project.run("apply").code == 0
-        (project.path / ".runner/state.json").unlink()
+        for name in ("state.json", "state.json.backup"):  # no record at all (a state.json alone is refused)
+            (project.path / ".runner" / name).unlink()
         again = project.run("apply", "-v")
         assert again.code == 0, again.text
         assert "every requirement is already satisfied: nothing installed" in again.out
@@ -142,7 +143,8 @@ def test_drift_by_hand_is_reinstalled(project: Project, wheelhouse: Path, instal
 def test_already_satisfied_first_run_skips_pip(project: Project, wheelhouse: Path) -> None:
     _pipeline(project, wheelhouse, ["tinyalpha"], installer="pip")
     assert project.run("apply").code == 0
-    (project.path / ".runner/state.json").unlink()
+    for name in ("state.json", "state.json.backup"):  # no record at all (a state.json alone is refused)
+        (project.path / ".runner" / name).unlink()
     pip_dir = _site_packages(project) / "pip"
     shutil.move(str(pip_dir), str(project.path / "pip-aside"))
     try:
