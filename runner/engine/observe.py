@@ -41,7 +41,8 @@ class Observer:
         elif looking == "probe":
             found = self.probe(prep)
             masked = tuple(self._mask_change(c) for c in found.changes)
-            probe = Probe(found.status, self.run.masker.mask(found.reason), masked, found.stopped, found.hint)
+            mask = self.run.masker.mask
+            probe = Probe(found.status, mask(found.reason), masked, found.stopped, mask(found.hint))
         decision = decide(
             prep.key,
             record,

@@ -247,7 +247,7 @@ class SshJobs:
                 elif head.startswith("C"):
                     found[head[1:]] = rest.strip() == "1"
         missing = next((p for i, p in enumerate(creates) if not found.get(str(i), False)), None)
-        running = alive and "exit_code" not in job and (code is None or not orphaned)
+        running = alive and "exit_code" not in job
         return JobState(running, code, orphaned and running, missing)
 
     def _dir(self, ctx: StepContext) -> str:

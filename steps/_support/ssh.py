@@ -194,7 +194,7 @@ def _start_master(target: str) -> None:
     )
     if check.returncode == 0:
         return  # a master from an earlier run (ControlPersist) still serves
-    _remove_stale_socket(target)
+    _remove_stale_socket(check.stderr)
     keep = persist()
     argv = [
         *base_argv(target),
@@ -256,38 +256,22 @@ def _last(text: str) -> str:
     return lines[-1] if lines else "ssh said nothing"
 
 
-def _socket_path(target: str) -> str | None:
-    """The control socket ssh uses for `target` (its `%C` expanded, as `ssh -G` says), or None."""
-    shown = subprocess.run(
-        [*base_argv(target), "-G", "--", target],
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        env=local_env(),
-        timeout=30,
-    )
-    for line in shown.stdout.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "controlpath" and value and value != "none":
-            return value
-    return None
+# what `ssh -O check` says when a socket is there and no master listens on it (its master was killed)
+_STALE = re.compile(rb"Control socket connect\((.+)\): Connection refused")
 
 
-def _remove_stale_socket(target: str) -> None:
-    """A control socket no master answers on (its master was killed) is removed, so the new master can bind it;
-    else ssh says "ControlSocket already exists, disabling multiplexing" and leaves a connection behind."""
-    path = _socket_path(target)
-    if path is None:
-        return
+def _remove_stale_socket(said: bytes) -> None:
+    """The socket `ssh -O check` found with no master behind it is removed, so the new master can bind it; else
+    ssh says "ControlSocket already exists, disabling multiplexing" and leaves a connection behind."""
     import stat
 
-    try:
+    found = _STALE.search(said)
+    if found is None:
+        return
+    path = os.fsdecode(found.group(1))
+    with contextlib.suppress(OSError):  # not there, or not ours to remove: ssh says what is wrong when it starts
         if stat.S_ISSOCK(os.lstat(path).st_mode):
             os.unlink(path)
-    except FileNotFoundError:
-        pass
-    except OSError:
-        pass  # not ours to remove: ssh says what is wrong when it starts
 
 
 def connection_error(target: str, text: str) -> StepError:
