@@ -182,7 +182,7 @@ def test_two_pipeline_files_in_one_directory_keep_their_own_state(project: Proje
               - name: work
                 run: "echo {name} >> work-{name}.count; echo {{{{ steps.key.value }}}} > key-{name}.txt"
               - name: slow
-                run: "sleep {{{{ vars.sleep | default(0) }}}}"
+                run: "{{% if vars.hold | default('') %}}touch held; until [ -e release ]; do sleep 0.05; done{{% else %}}true{{% endif %}}"
             """,
             name=f"{name}.yaml",
         )
@@ -198,9 +198,13 @@ def test_two_pipeline_files_in_one_directory_keep_their_own_state(project: Proje
     assert (project.path / ".runner-a.yaml" / "state.json").exists()
     assert (project.path / ".runner-b.yaml" / "state.json").exists()
     # one file's long apply holds only its own lock
-    slow = project.popen("apply", "-f", "a.yaml", "--var", "sleep=5", "--force", "slow")
-    time.sleep(1.5)
+    slow = project.popen("apply", "-f", "a.yaml", "--var", "hold=1", "--force", "slow")
+    deadline = time.monotonic() + 30
+    while not (project.path / "held").exists():  # a.yaml's apply is inside its step, holding its lock
+        assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
+        time.sleep(0.05)
     other = project.run("apply", "-f", "b.yaml", "--force", "work")
+    (project.path / "release").touch()
     assert other.code == 0, other.text
     assert slow.wait(timeout=30) == 0
 

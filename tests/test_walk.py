@@ -232,8 +232,13 @@ def test_for_each_items_decided_alike_and_a_held_restart(runner: Harness) -> Non
     assert WORLD.runs == ["serve", "use"]  # serve's outputs moved: what reads them runs again
 
 
-def test_a_step_timeout_ends_a_kind_that_never_checks_it(runner: Harness) -> None:
+def test_a_step_timeout_ends_a_kind_that_never_checks_it(runner: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
     """The executor owns the deadline: a kind deaf to ctx.timeout and ctx.cancel still stops at `timeout:`."""
+    from runner.engine import deadline
+
+    # the graces a deaf kind is given are the same code path however long they are: short ones keep this quick
+    monkeypatch.setattr(deadline, "CANCEL_GRACE", 0.3)
+    monkeypatch.setattr(deadline, "KILL_WAIT", 0.3)
     runner.write(
         """
         name: t
