@@ -176,13 +176,14 @@ def test_two_pipeline_files_in_one_directory_keep_their_own_state(project: Proje
         project.write(
             f"""
             name: {name}
+            vars: {{hold: ""}}
             steps:
               - name: key
                 secret: {{bytes: 8}}
               - name: work
                 run: "echo {name} >> work-{name}.count; echo {{{{ steps.key.value }}}} > key-{name}.txt"
               - name: slow
-                run: "{{% if vars.hold | default('') %}}touch held; until [ -e release ]; do sleep 0.05; done{{% else %}}true{{% endif %}}"
+                run: "{{{{ 'touch held; until [ -e release ]; do sleep 0.05; done' if vars.hold else 'true' }}}}"
             """,
             name=f"{name}.yaml",
         )
