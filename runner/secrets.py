@@ -157,6 +157,19 @@ class Masker:
             at = moved
         return at
 
+    def safe_end(self, text: str) -> int:
+        """How much of text may be shown now when more may follow it: up to where its last MIN_SECRET_LENGTH or
+        more characters could be the start of a secret (and no secret split, as safe_cut)."""
+        with self._lock:
+            values = list(self._values)
+        end = len(text)
+        for value in values:
+            for k in range(min(len(value) - 1, len(text)), MIN_SECRET_LENGTH - 1, -1):
+                if value.startswith(text[len(text) - k :]):
+                    end = min(end, len(text) - k)
+                    break
+        return self.safe_cut(text, end)
+
     def mask(self, text: str) -> str:
         for value in self._values:
             if value in text:

@@ -340,6 +340,90 @@ def test_a_secret_appears_in_no_artifact(project: Project) -> None:
     assert "key=******** token=********" in outputs[1].out
 
 
+def test_a_secret_as_a_for_each_item_names_nothing(tmp_path: Path) -> None:
+    """Secrets as for_each items (issue 33, item 5) — inside a string, a list var in `secrets:`, a generated key,
+    a value under a secret-sounding name in an item — and an interpreter whose path holds one: each such item is
+    named `secret-<keyed digest>`, stable across applies, and no output, record, log, job file, file name or
+    pip cache under .runner/ carries the value."""
+    from harness import Harness
+
+    token, keys, named = "tok-5ecret-value-0042", ["kA-alpha-secret-1", "kB-beta-secret-22"], "tk-named-in-item-77"
+    interpreter = tmp_path / f"py-{token}"
+    interpreter.mkdir()
+    (interpreter / "python").symlink_to(sys.executable)
+    runner = Harness(tmp_path)
+    runner.write(
+        f"""
+        name: items
+        secrets: [token, keys]
+        vars: {{token: "{token}", keys: {json.dumps(keys)}}}
+        steps:
+          - name: key
+            secret: {{bytes: 12}}
+          - name: one
+            for_each: "{{{{ vars.token }}}},other"
+            run: "echo {{{{ item }}}}"
+          - name: listed
+            for_each: "{{{{ vars.keys }}}}"
+            run: "echo {{{{ item }}}}"
+          - name: made
+            for_each: ["{{{{ steps.key.value }}}}", plain]
+            run: "echo {{{{ item }}}}"
+          - name: named
+            for_each: [{{region: eu, api_token: "{named}"}}]
+            run: "echo {{{{ item.region }}}}"
+          - name: job
+            for_each: ["{{{{ vars.token }}}}"]
+            launch: {{command: "echo started {{{{ item }}}}", detach: true}}
+          - name: deps
+            pip: {{python: "py-{{{{ vars.token }}}}/python", packages: [pip]}}
+        """
+    )
+    first = runner("apply", "--json")
+    assert first.code == 0, first.out + first.err
+    again = runner("apply")
+    assert again.code == 0 and "changed=0" in again.out, again.out  # the same names: nothing runs again
+    finished = first.finished()
+    secret_keys = sorted(name for name in finished if "[secret-" in name)
+    assert [name.split("[")[0] for name in secret_keys] == ["job", "listed", "listed", "made", "named", "one"]
+    assert "one[other]" in finished and "made[plain]" in finished
+    plan = runner("plan")
+    assert plan.code == 0 and "nothing to do" in plan.out, plan.out
+    one = next(name for name in secret_keys if name.startswith("one["))
+    outputs = [first, again, plan, runner("plan", "--json"), runner("status"), runner("explain", one)]
+    job = next(name for name in secret_keys if name.startswith("job["))
+    outputs += [runner("logs", one), runner("explain", "job"), runner("graph"), runner("logs", job)]
+    assert outputs[6].code == 0 and "********" in outputs[6].out, outputs[6].out
+    # a detached job writes its own output to its log as it printed it; the header and `runner logs` mask it
+    job_log = tmp_path / ".runner" / "jobs" / f"{job}.log"
+    assert job_log.read_text().splitlines()[1] == f"started {token}"
+    assert outputs[-1].out.splitlines()[0].endswith("echo started ********"), outputs[-1].out
+    assert outputs[-1].out.splitlines()[1] == "started ********", outputs[-1].out
+    value = json.loads((tmp_path / ".runner" / "secrets.json").read_text())["key"]["value"]
+    files = [p for p in (tmp_path / ".runner").rglob("*") if p.name not in ("secrets.json", "env.sh", job_log.name)]
+    assert any(p.parent.name == "pip" for p in files) is False  # the one interpreter's path carries a secret
+    for leak in (token, *keys, named, value):
+        for said in outputs:
+            assert leak not in said.out and leak not in said.err, said.out
+        for path in files:
+            assert leak not in str(path.relative_to(tmp_path)), path
+            if path.is_file():
+                assert leak not in path.read_text(errors="replace"), path
+
+
+def test_a_followed_log_never_shows_the_start_of_a_secret_before_its_end() -> None:
+    """`runner logs -f` shows a line as far as it has come, but holds back an end that could begin a secret."""
+    from runner.secrets import Masker
+
+    masker = Masker()
+    masker.add("tok-5ecret-value-0042")
+    for partial in ("step 3/9 tok-5ec", "step 3/9 tok-", "step 3/9 tok-5ecret-value-004"):
+        assert masker.safe_end(partial) == len("step 3/9 "), partial
+    for whole in ("step 3/9 done", "step 3/9 tok"):  # fewer than 4 characters are not held (nor masked)
+        assert masker.safe_end(whole) == len(whole)
+    assert masker.safe_end("x tok-5ecret-value-0042") == len("x tok-5ecret-value-0042")  # whole: masked as it is
+
+
 def test_slices_and_base64_of_a_secret_are_masked(project: Project) -> None:
     """Transformed secrets (issue 19, item 4): a slice of 8 characters or more rendered into a step (in any
     case), and the secret's base64 wherever it sits in the encoded stream, are masked in the log, the state

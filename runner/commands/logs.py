@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from runner.commands import EXIT_FAILED, EXIT_OK, check_step, open_engine
+from runner.secrets import Masker
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
                 return EXIT_FAILED
             except KeyboardInterrupt:
                 return EXIT_OK
+    masker = engine.run.masker
     step = engine.pipeline.step(args.step.partition("[")[0])
     if step.common.for_each is not None and "[" not in args.step and args.run is None:
         logs = engine.item_logs(args.step)
@@ -41,15 +43,16 @@ def run(args: argparse.Namespace) -> int:
             print(f"{args.step}: no item has a log yet", file=sys.stderr)
             return EXIT_FAILED
         if args.follow:  # one item's log is followed; a loop's are shown once each
-            return show_log(logs[-1][1], logs[-1][0], True)
+            return show_log(logs[-1][1], logs[-1][0], True, masker)
         for i, (item, path) in enumerate(logs):
             sys.stdout.write(("\n" if i else "") + f"==> {item} ({path}) <==\n")
-            show_log(path, item, False)
+            show_log(path, item, False, masker)
         return EXIT_OK
-    return show_log(engine.log_of(args.step, args.run), args.step, args.follow)
+    return show_log(engine.log_of(args.step, args.run), args.step, args.follow, masker)
 
 
-def show_log(path: Path | None, name: str, follow: bool) -> int:
+def show_log(path: Path | None, name: str, follow: bool, masker: Masker) -> int:
+    """The log, masked as it is shown: a detached job writes its own output to its file as it printed it."""
     if path is None or not os.path.lexists(path):
         print(f"{name}: no log yet" + (f" ({path})" if path else ""), file=sys.stderr)
         return EXIT_FAILED
@@ -61,13 +64,22 @@ def show_log(path: Path | None, name: str, follow: bool) -> int:
         else:
             print(f"{name}: cannot read {path}: {exc.strerror}", file=sys.stderr)
         return EXIT_FAILED
+    pending = ""  # what is held back so that no secret is shown cut in two (and so unmasked)
     with open(fd, encoding="utf-8", errors="replace") as fh:
         while True:
             chunk = fh.read(65536)
             if chunk:
-                sys.stdout.write(chunk)
+                pending += chunk
+                cut = pending.rfind("\n") + 1 if len(pending) < 1 << 20 else masker.safe_cut(pending, len(pending))
+                sys.stdout.write(masker.mask(pending[:cut]))
                 sys.stdout.flush()
+                pending = pending[cut:]
                 continue
+            if pending:  # nothing more for now: the rest of the line, up to where a secret might go on
+                cut = masker.safe_end(pending) if follow else len(pending)
+                sys.stdout.write(masker.mask(pending[:cut]))
+                sys.stdout.flush()
+                pending = pending[cut:]
             if not follow:
                 return EXIT_OK
             try:

@@ -120,9 +120,11 @@ class Preparer:
         if not self.when_holds(step, context):
             return None
         try:
-            value = render_value(step.common.for_each, context, ("for_each",))
+            with secret_parts(self.run.masker.add_part):  # `{{ vars.key[:12] }}` as an item is a secret too
+                value = render_value(step.common.for_each, context, ("for_each",))
         except RenderError as exc:
             raise self._render_error(step, exc) from None
+        self.run.masker.scan(value)  # an item's `token:`, a URL's password: secrets from here on, and in its key
         if isinstance(value, str):
             text = value.strip()
             if text.startswith("["):
@@ -143,7 +145,7 @@ class Preparer:
         items: list[Item] = []
         seen: dict[str, int] = {}
         for index, entry in enumerate(value):
-            key = item_key(entry)
+            key = self._item_key(entry)
             if key in seen:
                 raise self._render_error(
                     step, RenderError(f"for_each has item {key!r} twice (at {seen[key]} and {index})", ("for_each",))
@@ -151,6 +153,14 @@ class Preparer:
             seen[key] = index
             items.append(Item(key, entry, index))
         return items
+
+    def _item_key(self, entry: Any) -> str:
+        """item_key, unless the item carries a secret: then `secret-` and a keyed digest of it (the key kept in
+        secrets.json), so that a secret never names a record, a log file or a job, and is never printed as one."""
+        text = entry if isinstance(entry, str) else json.dumps(entry, sort_keys=True, default=str)
+        if self.run.masker and self.run.masker.mask(text) != text:
+            return "secret-" + self.run.secrets.keyed_digest(text).rsplit(":", 1)[1][:12]
+        return item_key(entry)
 
     def check_item_targets(self, step: StepDecl, items: list[Item], targets: Iterable[str]) -> None:
         """Each `NAME[key]` among `targets` (--force, mark-done, ...) names an item this step has."""

@@ -29,7 +29,7 @@ from typing import Any
 from runner.util.datatype import datatype
 from steps._support import remote, ssh
 from steps._support.files import expand
-from steps._support.supervise import TOKEN_VARIABLE, carries, start_time, write
+from steps._support.supervise import SHOWN_VARIABLE, TOKEN_VARIABLE, carries, start_time, write
 from steps.base import StepContext, StepError
 
 SUPERVISOR = Path(__file__).with_name("supervise.py")
@@ -114,7 +114,9 @@ class LocalJobs:
             proc = subprocess.Popen(
                 command,
                 cwd=cwd,
-                env={**ctx.env, **env, TOKEN_VARIABLE: secrets.token_hex(16)},
+                # the command as the job file and the log's header show it: masked (the supervisor's own argv
+                # is the job's, readable in /proc as the job's is)
+                env={**ctx.env, **env, TOKEN_VARIABLE: secrets.token_hex(16), SHOWN_VARIABLE: shown(ctx, argv)},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -184,6 +186,10 @@ class LocalJobs:
 
     def logs(self, ctx: StepContext, job: dict[str, Any], follow: bool) -> Iterator[str] | None:
         return None  # here `runner logs` reads the file itself (LaunchStep.log_file)
+
+
+def shown(ctx: StepContext, argv: list[str]) -> str:
+    return json.dumps([ctx.mask(arg) for arg in argv])
 
 
 def _kill_rest(pgid: int) -> None:

@@ -87,7 +87,9 @@ class PipFact:
 
     def here(self, ctx: StepContext) -> Env:
         python = str(ctx.resolve(self.venv) / "bin" / "python") if self.venv else self.base(ctx)
-        cache = ctx.state_dir / "cache"
+        # a path that carries a secret is not kept on disk (the cache file holds the interpreter's paths in clear):
+        # such an interpreter is asked once per run instead
+        cache = ctx.state_dir / "cache" if ctx.mask(python) == python else None
         env = Env(python, "/" not in python or Path(python).exists(), cache=cache, here=True)
         env._load = lambda: query(python, ctx.env, cache)
         files = [ctx.resolve(p) for p in self.requirements + self.constraints]

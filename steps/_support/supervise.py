@@ -15,6 +15,7 @@ import sys
 import time
 
 TOKEN_VARIABLE = "RUNNER_JOB_TOKEN"
+SHOWN_VARIABLE = "RUNNER_JOB_SHOWN"  # the command as the job file and the log show it (secrets masked), JSON
 
 
 def carries(pid: int, token: str) -> bool:
@@ -64,6 +65,12 @@ def main(argv: list[str]) -> int:
         print("usage: supervise.py JOBFILE LOG FINGERPRINT -- COMMAND...", file=sys.stderr)
         return 2
     jobfile, log, fingerprint, command = argv[0], argv[1], argv[2], argv[4:]
+    try:
+        shown = json.loads(os.environ.pop(SHOWN_VARIABLE, ""))  # not passed on to the job
+    except ValueError:
+        shown = None
+    if not (isinstance(shown, list) and len(shown) == len(command)):
+        shown = command
     # The supervisor outlives signals sent to the job's group, so it can record how the job ended.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(sig, signal.SIG_IGN)
@@ -75,12 +82,12 @@ def main(argv: list[str]) -> int:
         # in the job's environment too: who signals the job checks it there first (a pid and a start time alone
         # could be edited into the job file)
         "token": os.environ.get(TOKEN_VARIABLE, ""),
-        "command": command,
+        "command": shown,
         "log": log,
         "started": time.time(),
     }
     with open(log, "ab") as out:
-        out.write(f"=== job started {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(command)}\n".encode())
+        out.write(f"=== job started {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(map(str, shown))}\n".encode())
         out.flush()
         try:
             child = subprocess.Popen(
