@@ -100,6 +100,68 @@ class Project:
         return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+def processes_in(root: Path) -> dict[int, str]:
+    """The live processes (not zombies) working in `root` or under it: what a test's steps, jobs and servers
+    started there, {pid: argv}."""
+    found: dict[int, str] = {}
+    prefix = str(root)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(f"/proc/{entry}/cwd")
+            state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X") and (cwd == prefix or cwd.startswith(prefix + "/")):
+            found[int(entry)] = argv.strip()[:200]
+    return found
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.stash[_PASSED] = report.passed
+
+
+_PASSED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After every test that has a tmp_path: what still runs in it is stopped (its process group, SIGKILL), so a
+    test that fails half-way leaves nothing behind after pytest ends; a test that passed and left something
+    running fails for it (a leak, or a missing `runner down`)."""
+    if "tmp_path" not in request.fixturenames:
+        yield
+        return
+    root = request.getfixturevalue("tmp_path")  # taken first: it is torn down after this fixture
+    yield
+    import signal
+    import time
+
+    left = processes_in(root)
+    if not left:
+        return
+    deadline = time.monotonic() + 2  # what is ending on its own (a job's last line) gets a moment
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = processes_in(root)
+    for pid in left:
+        try:
+            os.killpg(os.getpgid(pid), signal.SIGKILL)
+        except OSError:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+    if left and request.node.stash.get(_PASSED, False):
+        pytest.fail(f"left running in {root}: " + "; ".join(f"{pid} {argv}" for pid, argv in left.items()))
+
+
 @pytest.fixture
 def project(tmp_path: Path) -> Project:
     return Project(tmp_path)

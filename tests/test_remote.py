@@ -855,7 +855,8 @@ def test_a_machine_that_does_not_answer_is_not_a_step_to_run_again(
 ) -> None:
     """A converged step there whose machine stops answering (its sshd gone, a host key that is not the known one,
     a session that stalls) fails as unreachable without running, plan says so first, what waits on it is
-    blocked, its done record is kept, and once the machine answers again the next apply runs nothing."""
+    blocked, its done record is kept, and once the machine answers again the next apply runs nothing; a job
+    there parked by `runner stop` is not launched again, neither while it does not answer nor after."""
     root, port = remote["root"], remote["port"]
     there = tmp_path / "there"
     there.mkdir()
@@ -876,9 +877,15 @@ def test_a_machine_that_does_not_answer_is_not_a_step_to_run_again(
             run: {{command: "echo ran >> {there}/count && touch {there}/made", creates: ["{there}/made"]}}
           - name: after
             run: "echo after >> after.count"
+          - name: parked
+            needs: []
+            host: node1
+            launch: {{detach: true, command: "echo up >> {there}/launches; sleep 600"}}
         """
     )
     assert project.run("apply").code == 0
+    parked = project.run("stop", "parked")
+    assert parked.code == 0 and "stopped pid" in parked.out, parked.text
     state = project.path / ".runner" / "state.json"
     done = json.loads(state.read_text())["steps"]["made"]
     assert done["status"] == "done"
@@ -916,6 +923,7 @@ def test_a_machine_that_does_not_answer_is_not_a_step_to_run_again(
         assert (there / "count").read_text().count("ran") == 1  # it never ran again
         assert project.count("after.count") == 1  # what waits on it was blocked, not run
         assert json.loads(state.read_text())["steps"]["made"] == done  # the record is the one it was
+        assert (there / "launches").read_text() == "up\n"  # the parked job was not launched again
     finally:
         for pid in paused:
             with contextlib.suppress(ProcessLookupError):
@@ -926,6 +934,7 @@ def test_a_machine_that_does_not_answer_is_not_a_step_to_run_again(
     again = project.run("apply")
     assert again.code == 0 and "changed=0" in again.out, again.text
     assert (there / "count").read_text().count("ran") == 1
+    assert (there / "launches").read_text() == "up\n" and "stopped by `runner stop`" in again.out, again.out
 
 
 def _descendants(pid: int) -> list[int]:
