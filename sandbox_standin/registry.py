@@ -22,6 +22,9 @@ ENVD_VERSION = "0.2.0"
 ENVD_PORT = 49983  # the control-plane port inside the VM (AgentENV src/cfg.rs; the SDK's default too)
 
 
+DEFAULT_TIMEOUT = 15.0  # NewSandbox's default, and keep_alive_for's: default_sandbox_timeout_secs (cfg.rs:553-554)
+
+
 @dataclass
 class Sandbox:
     sandbox_id: str
@@ -35,6 +38,10 @@ class Sandbox:
     timeout: float
     access_token: str | None  # set when created with `secure: true`; the data plane then requires it
     processes: set[subprocess.Popen[bytes]] = field(default_factory=set)
+    expires: float = 0.0  # started + timeout, until set_timeout or a refresh moves it
+
+    def __post_init__(self) -> None:
+        self.expires = self.expires or self.started + self.timeout
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -43,7 +50,7 @@ class Sandbox:
             "sandboxID": self.sandbox_id,
             "clientID": self.client_id,
             "startedAt": _iso(self.started),
-            "endAt": _iso(self.started + self.timeout),
+            "endAt": _iso(self.expires),
             "cpuCount": 1,
             "memoryMB": 512,
             "diskSizeMB": 1024,
@@ -137,7 +144,7 @@ class Registry:
 
     def create(self, body: dict[str, Any], template: Template) -> Sandbox:
         given = body.get("timeout")
-        timeout = float(given) if isinstance(given, (int, float)) else 15.0  # NewSandbox's default is 15 s
+        timeout = float(given) if isinstance(given, (int, float)) else DEFAULT_TIMEOUT
         sandbox_id = str(uuid.uuid4())
         directory = self.root / "sandboxes" / sandbox_id
         directory.mkdir(parents=True)
@@ -165,6 +172,20 @@ class Registry:
         with self.lock:
             return self.sandboxes.get(sandbox_id)
 
+    def keep_alive(self, sandbox_id: str, seconds: float | None, allow_shorter: bool) -> bool:
+        """AgentENV's keep_alive_for (orchestrator/service.rs:793-870): the sandbox expires `seconds` from now
+        (the default timeout, 15 s, when None: cfg.rs:553-554), unless that is not later and shorter is not
+        allowed; False when there is no such sandbox."""
+        self.reap()
+        with self.lock:
+            box = self.sandboxes.get(sandbox_id)
+            if box is None:
+                return False
+            wanted = time.time() + (DEFAULT_TIMEOUT if seconds is None else seconds)
+            if allow_shorter or wanted > box.expires:
+                box.expires = wanted
+            return True
+
     def kill(self, sandbox_id: str) -> bool:
         with self.lock:
             box = self.sandboxes.pop(sandbox_id, None)
@@ -178,7 +199,7 @@ class Registry:
     def reap(self) -> None:
         now = time.time()
         with self.lock:
-            expired = [sid for sid, box in self.sandboxes.items() if box.started + box.timeout < now]
+            expired = [sid for sid, box in self.sandboxes.items() if box.expires < now]
         for sandbox_id in expired:
             self.kill(sandbox_id)
 

@@ -13,7 +13,9 @@ or the e2b SDK (2.45-2.63) where the pipeline and the SDK touch it:
   ``POST /v2/sandboxes`` (SDK >= 2.51) -> 201 as well, except with ``--v1-only``: images before AgentENV PR #306
   route ``/v2/sandboxes`` for GET only, so POST gets axum's 405 (empty body, ``Allow: GET,HEAD``).
 - ``GET /sandboxes`` and ``GET /v2/sandboxes`` list the running ones; ``DELETE /sandboxes/{id}`` -> 204, unknown
-  -> 404 "sandbox X not found"; any other path -> 404 "route not found: METHOD PATH".
+  -> 404 "sandbox X not found"; ``POST /sandboxes/{id}/timeout`` (set_timeout: the end moves to now + timeout,
+  shorter too) and ``/refreshes`` (only ever extends, by at most 3600 s) -> 204; any other path -> 404 "route not
+  found: METHOD PATH".
 - The data plane: a request with ``E2b-Sandbox-Id`` (or ``X-Agentenv-Sandbox-Id``) on a path that is not a
   control-plane route is a proxy request. A route that does not parse (no port, an id that is not a UUID) passes
   only with the API key and then gets 400 naming the header; else 401. A parsed route to an unknown sandbox is
@@ -154,6 +156,7 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(data, dict):
             self._error(400, "bad request: the body is not a JSON object")
             return
+        self.had_body = bool(body.strip())
         getattr(self, f"_{name}")(method, path.split("/"), data)
 
     def _route(self, path: str) -> tuple[str, set[str]] | None:
@@ -164,6 +167,8 @@ class Handler(BaseHTTPRequestHandler):
             (["sandboxes"], "sandboxes", {"GET", "POST"}),
             (["v2", "sandboxes"], "sandboxes", v2_create),
             (["sandboxes", "*"], "sandbox", {"GET", "DELETE"}),
+            (["sandboxes", "*", "timeout"], "sandbox_timeout", {"POST"}),
+            (["sandboxes", "*", "refreshes"], "sandbox_refresh", {"POST"}),
             (["v3", "templates"], "request_template", {"POST"}),
             (["v2", "templates", "*", "builds", "*"], "start_build", {"POST"}),
             (["templates", "*", "builds", "*", "status"], "build_status", {"GET"}),
@@ -216,6 +221,38 @@ class Handler(BaseHTTPRequestHandler):
             self._error(404, f"sandbox {sandbox_id} not found")
         else:
             self._send(200, box.describe())
+
+    def _sandbox_timeout(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
+        """set_timeout: the sandbox expires `timeout` s from now, shorter or longer (sandbox.rs:1277-1309,
+        keep_alive_for with allow_shorter; openapi.yml:633-642 requires an integer >= 0; no body: the default)."""
+        self._keep_alive(parts[2], body, "timeout", required=True, allow_shorter=True, maximum=None)
+
+    def _sandbox_refresh(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
+        """refreshes: extended to `duration` s from now, never shortened (sandbox.rs:1186-1221, keep_alive_for
+        without allow_shorter; openapi.yml:644-651: an optional integer, 0..3600)."""
+        self._keep_alive(parts[2], body, "duration", required=False, allow_shorter=False, maximum=3600)
+
+    def _keep_alive(
+        self,
+        sandbox_id: str,
+        body: dict[str, Any],
+        field: str,
+        *,
+        required: bool,
+        allow_shorter: bool,
+        maximum: int | None,
+    ) -> None:
+        value = body.get(field)
+        if self.had_body and (value is not None or required):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0 or (maximum and value > maximum):
+                upto = f" to {maximum}" if maximum else ""
+                self._error(400, f"bad request: `{field}` must be an integer from 0{upto}")
+                return
+        seconds = float(value) if isinstance(value, int) else None
+        if self.server.registry.keep_alive(sandbox_id, seconds, allow_shorter):
+            self._send(204)
+        else:
+            self._error(404, f"sandbox {sandbox_id} not found")
 
     def _request_template(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
         name = body.get("name")

@@ -146,6 +146,42 @@ def test_a_template_is_made_as_aenv_pull_makes_it_then_sandboxes_start_from_it(s
     assert gone.status == 404 and gone.json()["message"] == f"sandbox {sandbox_id} not found"
 
 
+def test_set_timeout_and_refreshes_move_the_end_as_agentenv_does(server: str) -> None:
+    """POST /sandboxes/{id}/timeout sets the end from now, shorter too; /refreshes only ever extends it, by at
+    most 3600 s; both 204, an unknown sandbox 404 (sandbox.rs:1186-1309, openapi.yml:633-651); and the e2b SDK's
+    own set_timeout (Miles' keepalive) goes through."""
+    from datetime import datetime
+
+    build(server, "kept", "ubuntu:22.04")
+    sandbox_id = call(server, "POST", "/sandboxes", {"templateID": "kept", "timeout": 60}).json()["sandboxID"]
+
+    def left() -> float:
+        end = call(server, "GET", f"/sandboxes/{sandbox_id}").json()["endAt"]
+        return datetime.fromisoformat(end.replace("Z", "+00:00")).timestamp() - time.time()
+
+    assert 55 < left() <= 60
+    assert call(server, "POST", f"/sandboxes/{sandbox_id}/timeout", {"timeout": 20}).status == 204
+    assert 15 < left() <= 20  # shorter: set_timeout overwrites
+    assert call(server, "POST", f"/sandboxes/{sandbox_id}/refreshes", {"duration": 5}).status == 204
+    assert 15 < left() <= 20  # a refresh never shortens
+    assert call(server, "POST", f"/sandboxes/{sandbox_id}/refreshes", {"duration": 120}).status == 204
+    assert 115 < left() <= 120
+    for path, body in (("timeout", {}), ("timeout", {"timeout": -1}), ("refreshes", {"duration": 3601})):
+        refused = call(server, "POST", f"/sandboxes/{sandbox_id}/{path}", body)
+        assert refused.status == 400, (path, body, refused.body)
+    assert 115 < left() <= 120  # nothing refused moved it
+    unknown = call(server, "POST", "/sandboxes/00000000-0000-4000-8000-000000000000/timeout", {"timeout": 5})
+    assert unknown.status == 404 and "not found" in unknown.json()["message"]
+
+    import e2b
+
+    where = urlsplit(server)
+    config = {"api_key": KEY, "api_url": server, "domain": f"{where.hostname}:{where.port}"}
+    e2b.Sandbox.set_timeout(sandbox_id, 30, **config)  # type: ignore[call-arg]
+    assert 25 < left() <= 30
+    assert call(server, "DELETE", f"/sandboxes/{sandbox_id}").status == 204
+
+
 def test_a_build_with_steps_is_an_error_status_not_a_silent_success(server: str) -> None:
     ident = call(server, "POST", "/v3/templates", {"name": "layered"}).json()["templateID"]
     steps = [{"type": "RUN", "args": ["apt-get install -y git"]}]
