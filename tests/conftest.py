@@ -152,12 +152,13 @@ def nothing_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
         left = processes_in(root)
     for pid in left:
         try:
-            os.killpg(os.getpgid(pid), signal.SIGKILL)
-        except OSError:
-            try:
+            group = os.getpgid(pid)
+            if group == os.getpgrp():  # started in pytest's own group: that group is pytest's (and its shell's)
                 os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+            else:
+                os.killpg(group, signal.SIGKILL)
+        except OSError:
+            pass
     if left and request.node.stash.get(_PASSED, False):
         pytest.fail(f"left running in {root}: " + "; ".join(f"{pid} {argv}" for pid, argv in left.items()))
 

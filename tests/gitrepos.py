@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import threading
@@ -76,6 +78,7 @@ class GitDaemon:
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # its per-connection children are stopped with it (stop)
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -90,8 +93,12 @@ class GitDaemon:
         return f"git://127.0.0.1:{port or self.port}/{name}"
 
     def stop(self) -> None:
+        """The daemon and what it forked per connection (a `--serve` child and its upload-pack, which waits for
+        ever on a connection a proxy cut)."""
         self.proc.terminate()
         self.proc.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 class CuttingProxy:
