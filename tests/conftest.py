@@ -102,7 +102,7 @@ class Project:
 
 def processes_in(root: Path) -> dict[int, str]:
     """The live processes (not zombies) working in `root` or under it: what a test's steps, jobs and servers
-    started there, {pid: argv}."""
+    started there, {pid: argv}; runner's persisting ssh masters aside."""
     found: dict[int, str] = {}
     prefix = str(root)
     for entry in os.listdir("/proc"):
@@ -114,6 +114,8 @@ def processes_in(root: Path) -> dict[int, str]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except (OSError, IndexError):
             continue
+        if "ControlMaster=yes" in argv and argv.startswith("ssh "):
+            continue  # runner's ssh master persists on purpose (ControlPersist); the ssh fixtures close them
         if state not in ("Z", "X") and (cwd == prefix or cwd.startswith(prefix + "/")):
             found[int(entry)] = argv.strip()[:200]
     return found
