@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BUSYBOX_IMAGE, Project
+from conftest import BUSYBOX_IMAGE, Project, processes_in
 from gitrepos import Upstream, git
 from wheels import make_wheel
 
@@ -120,18 +120,7 @@ steps:
 
 
 def helpers_running(path: Path) -> list[str]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                argv = Path(f"/proc/{entry}/cmdline").read_bytes()
-                cwd = os.readlink(f"/proc/{entry}/cwd")
-                state = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if cwd == str(path) and b"sleep\x00977" in argv and state != "Z":
-                found.append(argv.decode(errors="replace"))
-    return found
+    return [argv for argv in processes_in(path).values() if argv.startswith("sleep 977")]
 
 
 def counts(path: Path) -> dict[str, int]:
