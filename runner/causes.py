@@ -27,6 +27,8 @@ after_upstream          pending, never_ran, items (a for_each's count, or None),
 items_to_run            total, to_run: [[key, cause, [change, ...]], ...]
 items_up_to_date        count
 not_started             -- (apply after a failure without --keep-going)
+(any ok cause)          order_only: the steps above it by file order alone that run now (it is not re-run
+                        for them; its words say how it would be)
 unreachable             problem, hint (its machine did not answer the probe: nothing ran, the record is kept)
 ======================  ==============================================================================
 """

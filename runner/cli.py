@@ -133,9 +133,12 @@ def main(argv: list[str] | None = None) -> int:
     if extra:
         hint = ""
         if args.command == "logs" and args.follow and len(extra) == 1 and not extra[0].startswith("-"):
+            file, step = extra[0], args.step  # `logs STEP -f FILE`
+            if step.endswith((".yaml", ".yml")) or os.path.isfile(step):  # `logs -f FILE STEP`
+                file, step = step, file
             hint = (
                 f" (after `logs`, -f means follow, as in docker compose: name the file before the command, "
-                f"`runner -f {extra[0]} logs {args.step} -f`, or with --file)"
+                f"`runner -f {file} logs {step} -f`, or with --file)"
             )
         parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     if not args.command:

@@ -25,12 +25,20 @@ MAX_NODES = 100_000  # values aliases may add (an alias bomb, "billion laughs", 
 # bounded by MAX_BYTES alone
 MAX_DEPTH = 60
 MAX_BYTES = 10 * 1024 * 1024
+EXTENSION_PREFIX = "x-"  # compose's convention: top-level keys that hold YAML anchors, read by nothing else
 VAR_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 # libyaml's parser where PyYAML has it (several times faster); the pure-Python one otherwise. Both give the
 # nodes their marks, which is all the loader needs.
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+# The tags plain YAML gives (a timestamp is kept as its text); any other (`!!python/object/apply:...`, `!custom`)
+# is refused at its line, not silently read as the mapping or string under it.
+PLAIN_TAGS = frozenset(
+    f"tag:yaml.org,2002:{name}" for name in ("str", "int", "float", "bool", "null", "map", "seq", "timestamp")
+)
+MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 def _construct(node: yaml.Node, path: Path_, data: MarkedData, depth: int) -> Any:
@@ -44,19 +52,35 @@ def _construct(node: yaml.Node, path: Path_, data: MarkedData, depth: int) -> An
     if depth > MAX_DEPTH:
         raise data.error(path, f"nested more than {MAX_DEPTH} levels deep")
     data.values[path] = (node.start_mark.line + 1, node.start_mark.column + 1)
+    if node.tag not in PLAIN_TAGS:
+        raise data.error(
+            path,
+            f"YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')!r} is not allowed: a pipeline holds only "
+            "strings, numbers, booleans, null, lists and mappings",
+        )
     if isinstance(node, yaml.MappingNode):
+        # The keys written here, as against those a `<<` merge brings in: a written key overrides a merged one
+        # (YAML's merge rule, as PyYAML loads it); the same key written twice is an error.
+        written = {id(k) for k, _ in node.value if k.tag != MERGE_TAG}
         data.constructor.flatten_mapping(node)  # resolves `<<` merge keys
         result: dict[str, Any] = {}
+        merged: set[str] = set()
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):
                 raise data.error(path, "a mapping key must be a plain scalar")
+            if key_node.tag not in PLAIN_TAGS:
+                raise data.error(path, f"YAML tag {key_node.tag!r} is not allowed on a key")
             key = data.constructor.construct_object(key_node)
             if not isinstance(key, str):
                 key = str(key)
             child = (*path, key)
-            if key in result:
+            if key in result and key not in merged:
                 data.keys[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
                 raise data.error(child, f"duplicate key {key!r}", key=True)
+            if id(key_node) in written:
+                merged.discard(key)
+            else:
+                merged.add(key)
             data.keys[child] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
             result[key] = _construct(value_node, child, data, depth + 1)
         return result
@@ -260,9 +284,15 @@ def build_pipeline(raw: Any, data: MarkedData, file: Path, overrides: dict[str, 
     if not isinstance(raw, dict):
         raise data.error((), f"the top level must be a mapping with `steps:`, got {_describe(raw)}", field="")
     for key in raw:
-        if key not in TOP_LEVEL_FIELDS:
-            raise data.error((key,), f"unknown key {key!r}" + suggest(key, list(TOP_LEVEL_FIELDS)), key=True)
-    header_raw = {k: v for k, v in raw.items() if k != "steps"}
+        if key not in TOP_LEVEL_FIELDS and not key.startswith(EXTENSION_PREFIX):
+            raise data.error(
+                (key,),
+                f"unknown key {key!r}"
+                + suggest(key, list(TOP_LEVEL_FIELDS))
+                + " (a top-level key starting `x-` is ignored: a place to keep YAML anchors)",
+                key=True,
+            )
+    header_raw = {k: v for k, v in raw.items() if k != "steps" and not k.startswith(EXTENSION_PREFIX)}
     try:
         header = PipelineHeader.model_validate(header_raw)
     except ValidationError as exc:

@@ -54,7 +54,10 @@ class StepCommon(BaseModel):
     )
     needs: list[str] = Field(
         default_factory=list,
-        description="The steps this one depends on. Without `needs`, a step comes after the steps before it.",
+        description=(
+            "The steps this one depends on. Without `needs`, a step comes after the steps before it (order only: "
+            "it is not re-run when they change)."
+        ),
     )
     when: str | bool | None = Field(
         None,

@@ -45,6 +45,18 @@ def _joined(steps: Sequence[str]) -> str:
 
 def reason(c: Cause, changes: Sequence[Change] = (), *, full: bool = True) -> str:
     """The cause as plan and apply say it; `full`: with the spec's changes spelled out in the line."""
+    text = _reason(c, changes, full=full)
+    order_only = c.data.get("order_only")
+    if order_only:
+        first = order_only[0]
+        text += (
+            f"; not re-run for {_joined(order_only)} above it in the file (file order only orders): "
+            f"`needs: [{first}]` re-runs it when {first} changes"
+        )
+    return text
+
+
+def _reason(c: Cause, changes: Sequence[Change] = (), *, full: bool = True) -> str:
     d = c.data
     k = c.kind
     if k == "forced":

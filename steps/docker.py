@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field, field_validator
 
 from runner.util import faults
+from runner.util.text import is_template
 from steps._support.docker_config import (
     CONFIG_LABEL,
     CONFIG_VERSION,
@@ -137,13 +138,16 @@ class DockerSpec(SpecModel):
     @classmethod
     def _ports(cls, value: list[str]) -> list[str]:
         for item in value:
-            parse_port(item)
+            if not is_template(item):  # a templated mapping is checked once rendered
+                parse_port(item)
         return value
 
     @field_validator("volumes")
     @classmethod
     def _volumes(cls, value: list[str]) -> list[str]:
         for item in value:
+            if is_template(item):
+                continue
             parts = item.split(":")
             if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
                 raise ValueError(f"{item!r} is not a mount: expected source:/container/path[:ro|rw]")

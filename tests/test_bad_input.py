@@ -67,6 +67,21 @@ CASES = [
     ("assert-bad-kernel", 'steps:\n  - name: a\n    assert: {kernel: "six"}\n', 3, 22, "not a version"),
     ("assert-file-alone", "steps:\n  - name: a\n    assert: {file: x}\n", 3, 13, "go together"),
     ("duplicate-key", "steps:\n  - name: a\n    name: b\n    run: {command: x}\n", 3, 5, "duplicate key 'name'"),
+    (
+        "duplicate-beside-a-merge",
+        "x-c: &c {retries: 1}\nsteps:\n  - name: a\n    <<: *c\n    name: b\n    run: {command: x}\n",
+        5,
+        5,
+        "duplicate key 'name'",
+    ),
+    (
+        "python-tag",
+        'steps:\n  - name: a\n    run: !!python/object/apply:os.system ["echo x"]\n',
+        3,
+        10,
+        "YAML tag '!!python/object/apply:os.system' is not allowed",
+    ),
+    ("custom-tag", "steps:\n  - name: a\n    run: {command: !custom x}\n", 3, 20, "YAML tag '!custom' is not allowed"),
     ("secret-not-a-var", "secrets: [key]\nsteps:\n  - name: a\n    run: {command: x}\n", 1, 10, "'key' is not a var"),
     ("vars-not-mapping", "vars: [1]\nsteps:\n  - name: a\n    run: {command: x}\n", 1, 7, "expected a mapping"),
 ]

@@ -10,8 +10,14 @@ from runner.commands import EXIT_OK, check_step, open_engine
 def run(args: argparse.Namespace) -> int:
     engine, _, _ = open_engine(args)
     engine.load_state()
-    if not engine.is_removed(args.step):  # a step removed from the pipeline can still be stopped, forgotten
+    removed = engine.is_removed(args.step)
+    if not removed:  # a step removed from the pipeline can still be stopped, forgotten
         check_step(engine, args.step)
     existed = engine.forget(args.step)
-    print(f"{args.step}: forgotten; it runs on the next apply" if existed else f"{args.step}: had no record")
+    if not existed:
+        print(f"{args.step}: had no record")
+    elif removed:
+        print(f"{args.step}: forgotten; it is no longer in the pipeline, so nothing of it runs again")
+    else:
+        print(f"{args.step}: forgotten; it runs on the next apply")
     return EXIT_OK

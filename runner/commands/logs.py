@@ -19,6 +19,8 @@ def run(args: argparse.Namespace) -> int:
     from runner.state import check_no_links
 
     check_no_links(engine.pipeline.state_dir)  # as apply and stop: nothing is read through a planted link
+    if "[" in args.step:
+        engine.check_item(args.step)
     if "[" not in args.step and engine.pipeline.step(args.step).common.for_each is None:
         if args.run is None:
             from steps.base import StepError

@@ -9,7 +9,8 @@ from runner.commands import EXIT_OK, load
 
 def run(args: argparse.Namespace) -> int:
     pipeline = load(args)
-    print(f"{args.file}: ok ({len(pipeline.steps)} steps)")
+    count = len(pipeline.steps)
+    print(f"{args.file}: ok ({count} step{'' if count == 1 else 's'})")
     for note in pipeline.notes:
         print(f"note: {note}")
     return EXIT_OK

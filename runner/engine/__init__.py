@@ -101,6 +101,9 @@ class Engine:
     def remote_log(self, name: str, follow: bool) -> Iterator[str] | None:
         return self.admin.remote_log(name, follow)
 
+    def check_item(self, target: str) -> None:
+        self.admin.check_item(target)
+
     def log_of(self, name: str, run: int | None = None) -> Path | None:
         return self.admin.log_of(name, run)
 

@@ -15,7 +15,7 @@ from runner.engine.execute import Executor
 from runner.engine.observe import Observer
 from runner.engine.plan import Planner
 from runner.engine.prepare import Prepared, Preparer, Removals
-from runner.errors import InputError
+from runner.errors import InputError, suggest
 from runner.events import Decision
 from runner.model import StepDecl
 from runner.record import StepRecord
@@ -56,10 +56,24 @@ class Admin:
         ]
         if step.common.description:
             lines.append(f"  description: {step.common.description}")
-        deps = sorted(self.run.graph.deps[name], key=lambda n: self.run.pipeline.step(n).index)
+        graph = self.run.graph
+
+        def in_file_order(names: list[str]) -> list[str]:
+            return sorted(names, key=lambda n: self.run.pipeline.step(n).index)
+
+        # as `runner graph` draws them: data edges (a change re-runs what depends) and file-order edges (order only)
+        deps = in_file_order(graph.deps[name])
         lines.append(f"  depends on: {', '.join(deps) if deps else 'nothing'}")
-        dependents = sorted(self.run.graph.dependents[name], key=lambda n: self.run.pipeline.step(n).index)
-        lines.append(f"  needed by: {', '.join(dependents) if dependents else 'nothing'}")
+        after = in_file_order([d for d in graph.after[name] if d not in graph.deps[name]])
+        if after:
+            lines.append(
+                f"  runs after: {', '.join(after)} (file order: it waits for them, and is not re-run when they change)"
+            )
+        needed = in_file_order([d for d in graph.dependents[name] if name in graph.deps[d]])
+        lines.append(f"  needed by: {', '.join(needed) if needed else 'nothing'}")
+        before = in_file_order([d for d in graph.dependents[name] if name not in graph.deps[d]])
+        if before:
+            lines.append(f"  runs before: {', '.join(before)} (file order only)")
         prep: Prepared | None = None
         if key:
             self._reach(name)
@@ -358,6 +372,26 @@ class Admin:
             candidates.append(Path(log))
         candidates += runs[:1]  # the latest kept run's log, which `--run 1` shows
         return next((p for p in candidates if p.is_file()), candidates[0] if candidates else None)
+
+    def check_item(self, target: str) -> None:
+        """`NAME[key]` names an item the step has now, had when it last ran, or kept a log of; InputError (bad
+        input, exit 2) with the items it has otherwise."""
+        name, _, rest = target.partition("[")
+        key = rest[:-1]
+        known: list[str] = []
+        with contextlib.suppress(InputError, StepError):
+            step = self._reach(name)
+            known += [item.key for item in self.prep.items(step) or []]
+        record = self.run.record(name)
+        known += list(record.item_keys or []) if record is not None else []
+        known += [p.name[len(name) + 1 : -5] for p in self.runs_of_prefix(name)]
+        if key in known:
+            return
+        choices = list(dict.fromkeys(known))
+        raise InputError(
+            f"step {name!r} has no item {key!r}"
+            + (suggest(key, choices) if choices else " (it has no items now, and none has run)")
+        )
 
     def item_logs(self, name: str) -> list[tuple[str, Path]]:
         """For `runner logs LOOP`: each item's log (latest kept), in the items' recorded order."""

@@ -33,6 +33,7 @@ from steps.base import StepError
 Outcome = Literal["ok", "changed", "pending", "failed", "blocked", "skipped", "unselected"]
 
 STOPPING: tuple[Outcome, ...] = ("failed", "blocked")
+UP_TO_DATE = ("up_to_date", "items_up_to_date", "probe")
 
 OUTCOME_OF_ACTION: dict[Action, Outcome] = {
     "run": "pending",
@@ -77,6 +78,15 @@ class Walk:
     def look(self, name: str, outcomes: Mapping[str, Outcome], *, planning: bool, crashed_ok: bool = True) -> Look:
         """The decision for step `name`, given the outcomes of the steps before it."""
         looked = self._walk_step(name, outcomes, planning, crashed_ok)
+        decision = looked.decision
+        if decision is not None and decision.action == "ok" and decision.cause.kind in UP_TO_DATE:
+            # It follows a step that runs (or ran) now by file order alone: say it is not re-run for it, and how
+            # it would be, so a stale output along a file-order edge is never silent (docs/steps.md, "Order").
+            deps = self.run.graph.deps[name]
+            ran = [d for d in self.run.graph.after[name] if d not in deps and outcomes.get(d) in ("pending", "changed")]
+            if ran:
+                noted = Cause(decision.cause.kind, {**decision.cause.data, "order_only": ran})
+                looked.decision = Decision(name, "ok", noted, decision.changes)
         if looked.decision is not None and looked.decision.cause.kind == "held":
             # the root of what waits on it: they say why (the holds above it), not "it would fail"
             self._held_why[name] = looked.decision.cause.data.get("holds", [])

@@ -1,0 +1,140 @@
+"""What a new user trips on, round two (issue 34): each case as a user met it, in process through the real CLI
+(tests/harness.py), with real `run` steps where a shell command is the point."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.harness import WORLD, Harness
+
+
+@pytest.fixture
+def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    from steps import KINDS
+
+    monkeypatch.setitem(KINDS, "fake", "tests.harness:FakeStep")
+    WORLD.reset()
+    yield Harness(tmp_path)
+    WORLD.reset()
+
+
+PREP_COUNT_TRAIN = """
+    steps:
+      - name: prep
+        for_each: "{{ vars.items }}"
+        run: {command: "mkdir -p data && echo {{ item }} > data/{{ item }}.txt", creates: ["data/{{ item }}.txt"]}
+      - name: count
+        run: {command: "cat data/*.txt | wc -l"}
+      - name: train
+        run: {command: "echo trained on {{ steps.count.stdout }} > trained"}
+"""
+
+
+def test_a_step_left_ok_after_a_file_order_upstream_ran_says_so_and_how_to_re_run_it(runner: Harness) -> None:
+    runner.write(PREP_COUNT_TRAIN)
+    assert runner("apply", "--var", "items=a,b").code == 0
+    note = "not re-run for prep above it in the file (file order only orders): `needs: [prep]` re-runs it"
+
+    plan = runner("plan", "--var", "items=a,b,c")
+    assert plan.planned()["count"].startswith("ok up to date; " + note), plan.out
+    assert note not in plan.planned()["train"]  # it depends on count by data: nothing ran above it
+    applied = runner("apply", "--var", "items=a,b,c")
+    assert applied.code == 0
+    count_line = next(line for line in applied.out.splitlines() if " count " in line)
+    assert count_line.startswith("ok") and note in count_line, applied.out
+    as_json = runner("apply", "--json", "--var", "items=a,b,c,d").finished()
+    assert as_json["count"]["cause"]["order_only"] == ["prep"], as_json["count"]
+    # nothing ran above it this time: no word of it
+    assert note not in runner("plan", "--var", "items=a,b,c,d").out
+
+    explained = runner("explain", "count", "--var", "items=a,b,c,d").out
+    assert "depends on: nothing" in explained and "runs after: prep (file order" in explained, explained
+    assert "needed by: train" in explained
+    assert "runs before: count (file order only)" in runner("explain", "prep", "--var", "items=a,b,c,d").out
+
+    # the fix it names works: with `needs: [prep]`, a new item re-runs count and so train
+    runner.write(PREP_COUNT_TRAIN.replace("      - name: count\n", "      - name: count\n        needs: [prep]\n"))
+    assert runner("apply", "--var", "items=a,b,c,d").code == 0
+    fixed = runner("apply", "--var", "items=a,b,c,d,e")
+    assert "changed  count" in fixed.out and "changed  train" in fixed.out, fixed.out
+    assert (runner.path / "trained").read_text().split() == ["trained", "on", "5"]
+
+
+def test_a_yaml_merge_may_be_overridden_and_x_keys_hold_anchors(runner: Harness) -> None:
+    runner.write(
+        """
+        x-common: &common
+          retries: 1
+          timeout: 30
+          fake: {value: merged}
+        steps:
+          - name: a
+            <<: *common
+            retries: 3
+            fake: {value: own}
+          - name: b
+            <<: *common
+        """
+    )
+    checked = runner("validate")
+    assert checked.code == 0 and "ok (2 steps)" in checked.out, checked.err
+    assert runner("apply").code == 0
+    assert WORLD.made == {"a": "own", "b": "merged"}
+    from runner.load import load_pipeline
+
+    a, b = load_pipeline(runner.path / "pipeline.yaml").steps
+    assert (a.common.retries, a.common.timeout, b.common.retries) == (3, 30, 1)
+
+
+def test_a_templated_port_mapping_is_checked_once_rendered(runner: Harness) -> None:
+    runner.write(
+        """
+        vars: {port: "8123"}
+        steps:
+          - name: c
+            docker: {name: c1, image: busybox, ports: ["{{ vars.port }}:8080"], volumes: ["./{{ vars.port }}:/d"]}
+        """
+    )
+    assert runner("validate").code == 0
+    explained = runner("explain", "c")
+    assert '"8123:8080"' in explained.out, explained.err
+    bad = runner("plan", "--var", "port=abc")
+    assert bad.code == 2 and "pipeline.yaml:4:" in bad.err and "'abc:8080' is not a port mapping" in bad.err, bad.err
+
+
+def test_forget_of_a_removed_step_does_not_say_it_runs_again(runner: Harness) -> None:
+    runner.write("steps:\n  - name: a\n    fake: {}\n  - name: gone\n    fake: {}\n")
+    assert runner("apply").code == 0
+    runner.write("steps:\n  - name: a\n    fake: {}\n")
+    said = runner("forget", "gone")
+    assert said.code == 0 and "no longer in the pipeline" in said.out and "runs on the next apply" not in said.out
+    kept = runner("forget", "a")
+    assert kept.code == 0 and "a: forgotten; it runs on the next apply" in kept.out
+
+
+def test_logs_of_an_item_that_does_not_exist_is_bad_input(runner: Harness) -> None:
+    runner.write('steps:\n  - name: loop\n    for_each: "alpha,beta"\n    run: {command: "echo {{ item }}"}\n')
+    assert runner("apply").code == 0
+    wrong = runner("logs", "loop[alpah]")
+    assert wrong.code == 2 and "step 'loop' has no item 'alpah'; did you mean 'alpha'?" in wrong.err, wrong.err
+    right = runner("logs", "loop[beta]")
+    assert right.code == 0 and right.out.strip() == "beta"
+    # an item dropped from the list keeps its log: still known
+    runner.write('steps:\n  - name: loop\n    for_each: "alpha"\n    run: {command: "echo {{ item }}"}\n')
+    assert runner("logs", "loop[beta]").code == 0
+
+
+def test_logs_dash_f_before_the_file_gets_the_command_it_meant(capsys: pytest.CaptureFixture[str]) -> None:
+    from runner import cli
+
+    for argv, meant in (
+        (["logs", "-f", "other.yaml", "a"], "`runner -f other.yaml logs a -f`"),
+        (["logs", "a", "-f", "other.yaml"], "`runner -f other.yaml logs a -f`"),
+    ):
+        with pytest.raises(SystemExit) as ended:
+            cli.main(argv)
+        assert ended.value.code == 2
+        assert meant in capsys.readouterr().err
