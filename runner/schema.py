@@ -39,6 +39,7 @@ def pipeline_schema() -> dict[str, Any]:
             "steps": {"type": "array", "minItems": 1, "items": {"oneOf": variants}},
         },
         "required": ["steps"],
+        "patternProperties": {"^x-": {"description": "ignored by runner: a place to keep YAML anchors"}},
         "additionalProperties": False,
         "$defs": defs,
     }
