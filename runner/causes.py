@@ -13,7 +13,8 @@ interrupted             finished
 failed_before           error (its first line)
 unknown_status          status
 spec_changed            fields (the changed fields; the changes themselves ride beside the cause)
-upstream_changed        steps
+upstream_changed        steps; in apply, for those that ran before it: outputs ({step: [output names that
+                        changed]}) and forced (the steps among them run by --force)
 inputs_changed          --
 probe                   status, text (what the kind's probe said)
 up_to_date              text (what the probe said, or "")

@@ -153,10 +153,13 @@ class Reporter:
     def recap(self, results: list[Result]) -> None:
         counts = recap_counts(results)
         text = " ".join(f"{k}={counts[k]}" for k in ("ok", "changed", "failed", "skipped"))
-        if counts["blocked"]:
-            blocked = [r.name for r in results if r.status == "blocked"]
-            shown = ", ".join(blocked[:8]) + (f", and {len(blocked) - 8} more" if len(blocked) > 8 else "")
-            text += f" blocked={counts['blocked']} ({shown})"
+        for label, names in (
+            ("blocked", [r.name for r in results if r.status == "blocked" and not _not_started(r)]),
+            ("not-started", [r.name for r in results if _not_started(r)]),
+        ):
+            if names:
+                shown = ", ".join(names[:8]) + (f", and {len(names) - 8} more" if len(names) > 8 else "")
+                text += f" {label}={len(names)} ({shown})"
         if counts["pending"]:
             text += f" restart-pending={counts['pending']}"
         self._print(f"recap: {text}")
@@ -187,6 +190,11 @@ class Reporter:
             self._print(text)
         else:
             self._print("plan: nothing to do")
+
+
+def _not_started(result: Result) -> bool:
+    """Blocked only in that apply stopped before it (fail-fast): it waits on nothing that failed."""
+    return result.status == "blocked" and result.cause is not None and result.cause.kind == "not_started"
 
 
 def recap_counts(results: list[Result]) -> dict[str, int]:

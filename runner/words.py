@@ -83,7 +83,16 @@ def _reason(c: Cause, changes: Sequence[Change] = (), *, full: bool = True) -> s
             return "spec changed: " + "; ".join(change(x) for x in changes)
         return "spec changed: " + _joined(d.get("fields") or [x.field or x.note for x in changes])
     if k == "upstream_changed":
-        return "upstream changed: " + _joined(d.get("steps", []))
+        outputs, forced = d.get("outputs") or {}, d.get("forced") or []
+        parts = []
+        for dep in d.get("steps", []):
+            how = []
+            if dep in forced:
+                how.append("re-run by --force")
+            if dep in outputs:
+                how.append(f"new {', '.join(outputs[dep])}" if outputs[dep] else "same outputs, new spec or inputs")
+            parts.append(dep + (f" ({'; '.join(how)})" if how else ""))
+        return "upstream changed: " + _joined(parts)
     if k == "inputs_changed":
         return "inputs changed"
     if k == "probe":

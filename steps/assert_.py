@@ -18,12 +18,11 @@ least that version, ``file`` contains ``contains``, each variable in ``env`` is 
 from __future__ import annotations
 
 import re
-import shlex
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from runner.util.text import FALSE_WORDS, TRUE_WORDS, is_template
+from runner.util.text import FALSE_WORDS, TRUE_WORDS, is_template, one_line
 from steps._support.facts import FactQuery
 from steps._support.machine import machine_for
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind
@@ -141,8 +140,7 @@ class AssertStep(StepKind[AssertSpec]):
                 failures.append(exc.message)
             else:
                 if result.returncode != 0:
-                    shown = spec.command if isinstance(spec.command, str) else shlex.join(spec.command)
-                    failures.append(f"`{shown}` exited with code {result.returncode}{where}")
+                    failures.append(f"`{one_line(spec.command)}` exited with code {result.returncode}{where}")
         return failures
 
     def probe(self, ctx: StepContext) -> Probe:

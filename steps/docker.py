@@ -232,8 +232,10 @@ class DockerStep(StepKind[DockerSpec]):
             else:
                 with self._existing(ctx) as (_, container, address):
                     pass
-        except StepError:
-            return None  # the engine's own error is the probe's to tell
+        except StepError as exc:
+            # No engine to reach: apply fails on it, so plan says so (as for a machine that does not answer). Any
+            # other error of the engine is the probe's to tell.
+            return exc.message if exc.message.startswith("cannot reach the Docker Engine") else None
         theirs = foreign_owner(ctx, container) if container is not None else None
         mine = self._unowned(ctx, container, address) if container is not None and not ctx.forced else None
         if theirs:

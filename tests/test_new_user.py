@@ -138,3 +138,87 @@ def test_logs_dash_f_before_the_file_gets_the_command_it_meant(capsys: pytest.Ca
             cli.main(argv)
         assert ended.value.code == 2
         assert meant in capsys.readouterr().err
+
+
+def test_fail_fast_recap_tells_blocked_from_not_started(runner: Harness) -> None:
+    runner.write(
+        """
+        steps:
+          - name: a
+            fake: {fail: true}
+          - name: b
+            fake: {}
+          - name: c
+            needs: []
+            fake: {}
+          - name: d
+            needs: [b]
+            fake: {}
+        """
+    )
+    said = runner("apply")
+    assert said.code == 1
+    assert "blocked=2 (b, d) not-started=1 (c)" in said.out, said.out
+    kept = runner("apply", "--keep-going")
+    assert "blocked=2 (b, d)" in kept.out and "not-started" not in kept.out, kept.out
+
+
+def test_a_re_run_for_an_upstream_that_ran_says_what_of_it_changed(runner: Harness) -> None:
+    runner.write(
+        """
+        steps:
+          - name: a
+            run: {command: "date +%N"}
+          - name: c
+            needs: [a]
+            run: {command: "echo c"}
+        """
+    )
+    assert runner("apply").code == 0
+    forced = runner("apply", "--force", "a")
+    line = next(line for line in forced.out.splitlines() if line.startswith("running  c"))
+    assert "upstream changed: a (re-run by --force; new stdout)" in line, forced.out
+    cause = runner("apply", "--json", "--force", "a").finished()["c"]["cause"]
+    assert cause["outputs"] == {"a": ["stdout"]} and cause["forced"] == ["a"], cause
+
+
+def test_a_failed_script_check_shows_its_message_not_its_script(runner: Harness) -> None:
+    runner.write(
+        """
+        steps:
+          - name: chk
+            assert:
+              command: |
+                test -f /nonexistent
+                echo checking more
+                exit 1
+              message: the file is missing
+        """
+    )
+    said = runner("apply")
+    errors = [line for line in said.out.splitlines() if "error:" in line]
+    assert errors == ["    error: the file is missing (`test -f /nonexistent ... (3 lines)` exited with code 1)"], (
+        said.out
+    )
+
+
+def test_plan_says_a_container_would_fail_without_an_engine(
+    runner: Harness, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    runner.write(
+        """
+        steps:
+          - name: aenv
+            docker: {name: runner-test-no-engine, image: busybox}
+          - name: after
+            run: {command: "echo {{ steps.aenv.container_id }}"}
+        """
+    )
+    plan = runner("plan")
+    assert plan.code == 2
+    planned = plan.planned()
+    assert planned["aenv"].startswith("fail would fail: cannot reach the Docker Engine at unix://"), plan.out
+    assert planned["after"] == "block blocked: aenv would fail"
+    applied = runner("apply", "--keep-going")
+    assert "cannot reach the Docker Engine" in applied.out and "blocked=1 (after)" in applied.out, applied.out

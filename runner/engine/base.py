@@ -56,6 +56,8 @@ class RunState:
         self.facts = Facts()
         self.outputs: dict[str, dict[str, Any]] = {}
         self.digests: dict[str, str] = {}
+        # a step this apply ran -> the outputs it had before: what a dependent re-run says changed ("container_id")
+        self.replaced: dict[str, dict[str, Any]] = {}
         self.exports: dict[str, dict[str, str]] = {}
         # steps up to date whose service is down on purpose -> how ("stopped", "restart_pending"): what depends
         # on them and would run is blocked (Observer.decide)

@@ -333,6 +333,7 @@ class Executor:
         assert isinstance(masked_outputs, dict)
         output_digest = digest({"fingerprint": prep.fingerprint, "outputs": outputs})
         if name == prep.step.name:  # an item's outputs reach later steps through its step's `items`
+            self.run.replaced[name] = self.run.outputs.get(name, {})
             self.run.outputs[name] = dict(outputs)
             self.run.digests[name] = output_digest
         done = StepRecord.done(

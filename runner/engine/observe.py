@@ -55,6 +55,8 @@ class Observer:
             live=live,
             probe=probe,
         )
+        if decision.cause.kind == "upstream_changed":
+            decision = self._say_what_moved(decision)
         if record is not None and record.status == STARTED and crashed_ok and decision.action == "run":
             left = self._left_running(prep.key, record)
             if left:
@@ -71,6 +73,22 @@ class Observer:
             if held:
                 return Decision(decision.name, "block", cause("held", holds=held), decision.changes)
         return decision
+
+    def _say_what_moved(self, decision: Decision) -> Decision:
+        """An upstream that ran in this apply: which of its outputs changed (their names, never their values), and
+        whether it ran because of --force, so `upstream changed: sandbox_server` says why."""
+        what: dict[str, list[str]] = {}
+        forced: list[str] = []
+        for dep in decision.cause.data.get("steps", []):
+            if dep in self.run.options.force:
+                forced.append(dep)
+            if dep in self.run.replaced:
+                old, new = self.run.replaced[dep], self.run.outputs.get(dep, {})
+                what[dep] = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        if not what and not forced:
+            return decision
+        why = Cause(decision.cause.kind, {**decision.cause.data, "outputs": what, "forced": forced})
+        return Decision(decision.name, decision.action, why, decision.changes)
 
     def _held_upstream(self, name: str) -> list[list[str]]:
         """The steps `name` depends on (transitively) that cannot serve it now: [step, how] in file order."""

@@ -136,11 +136,21 @@ class Scheduler:
             raise
         finally:
             executor.shutdown(wait=True)
-        # Steps never reached (after a failure without --keep-going).
+        # Steps never reached (after a failure without --keep-going): those that wait on what failed are blocked
+        # by it, as --keep-going would have blocked them; the rest were only not started.
         for name in order:
             if name not in results and name in self.walk.selected_names:
-                results[name] = Result(name, "blocked", words.reason(cause("not_started")), cause=cause("not_started"))
+                stopped = [d for d in self.run.graph.after[name] if d in results and _stops(results[d])]
+                why = self.walk.waits_on(name, stopped, happened=True).cause if stopped else cause("not_started")
+                results[name] = Result(name, "blocked", words.reason(why), cause=why)
         return [results[n] for n in order if n in results and results[n].status != "unselected"]
+
+
+def _stops(result: Result) -> bool:
+    """What a step waiting on it cannot start after: a failure, or a block that is not a mere "not started"."""
+    if result.status in ("failed", "interrupted"):
+        return True
+    return result.status == "blocked" and (result.cause is None or result.cause.kind != "not_started")
 
 
 @contextlib.contextmanager

@@ -98,7 +98,7 @@ class Walk:
         selected = name in self.selected_names
         blocked_by = [d for d in self.run.graph.after[name] if outcomes.get(d) in STOPPING]
         if selected and blocked_by:
-            return Look(self._waits_on(name, blocked_by, happened=not planning))
+            return Look(self.waits_on(name, blocked_by, happened=not planning))
         if not selected:
             if step.exports_env:
                 with contextlib.suppress(InputError, StepError):
@@ -175,7 +175,7 @@ class Walk:
         action: Action = "run" if never_ran else "maybe"
         return Decision(name, action, cause("after_upstream", pending=pending, never_ran=never_ran, items=items))
 
-    def _waits_on(self, name: str, blocked_by: list[str], happened: bool) -> Decision:
+    def waits_on(self, name: str, blocked_by: list[str], happened: bool) -> Decision:
         roots = list(dict.fromkeys(r for d in blocked_by for r in self._roots.get(d, [d])))
         self._roots[name] = roots
         holds = {r: self._held_why[r] for r in roots if r in self._held_why}

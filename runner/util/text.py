@@ -21,6 +21,18 @@ def argv_of(command: str | list[str]) -> list[str]:
     return ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
 
 
+def one_line(command: str | list[str]) -> str:
+    """A command as an error line names it: a script of several lines by its first line and its length, so the
+    message is not lost below it (`test -f x ... (3 lines)`); the log keeps the whole."""
+    import shlex
+
+    text = command if isinstance(command, str) else shlex.join(command)
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    if len(lines) <= 1:
+        return text.strip()
+    return f"{lines[0].strip()} ... ({len(lines)} lines)"
+
+
 # Control characters a terminal would act on (ESC starts colour, cursor and title sequences; C1 0x9b is a CSI
 # by itself on some terminals; BEL, backspace, a lone carriage return): shown as `\xNN` instead.
 _CONTROLS = {c: f"\\x{c:02x}" for c in (*range(0x00, 0x09), *range(0x0B, 0x20), 0x7F, *range(0x80, 0xA0))}

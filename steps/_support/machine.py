@@ -39,7 +39,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from runner.util.datatype import replace
-from runner.util.text import argv_of
+from runner.util.text import argv_of, one_line
 from steps._support import remote, ssh
 from steps._support.facts import Fact, FactQuery, Facts, T
 from steps._support.files import content_digest, expand, remove_created
@@ -179,7 +179,7 @@ class Machine:
         )
 
     def failure(self, code: int, command: str | list[str], tail: Sequence[str], what: str = "command") -> StepError:
-        shown = command if isinstance(command, str) else " ".join(command)
+        shown = one_line(command)
         hint = ""
         if isinstance(command, str) and code == 127:
             hint = "the shell could not find a command (exit 127): check its name and PATH"

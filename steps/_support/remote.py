@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from runner.util.datatype import replace
-from runner.util.text import argv_of
+from runner.util.text import argv_of, one_line
 from steps._support import ssh
 from steps._support.facts import FactQuery, Facts
 from steps._support.process import Completed, run_process
@@ -38,7 +38,7 @@ def join(words: Sequence[str]) -> str:
 
 
 def shown(command: str | list[str]) -> str:
-    return command if isinstance(command, str) else join(command)
+    return one_line(command)
 
 
 def variables(ctx: StepContext, extra: Mapping[str, str]) -> dict[str, str]:
