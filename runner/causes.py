@@ -16,7 +16,7 @@ spec_changed            fields (the changed fields; the changes themselves ride 
 upstream_changed        steps; in apply, for those that ran before it: outputs ({step: [output names that
                         changed]}) and forced (the steps among them run by --force)
 inputs_changed          --
-probe                   status, text (what the kind's probe said)
+probe                   status, text (what the kind's probe said), exit_code (a job that exited so)
 up_to_date              text (what the probe said, or "")
 restart_pending         inner (the cause of the re-run it holds back), live, step
 held                    holds: [[step, "stopped" | "restart_pending"], ...] upstream, in file order

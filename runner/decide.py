@@ -78,5 +78,6 @@ def decide(
     if probe.status == "unknown":  # its machine did not answer: it fails without running, its record kept
         return Decision(name, "fail", cause("unreachable", problem=probe.reason, hint=probe.hint))
     if probe.status != "ok":
-        return Decision(name, "run", cause("probe", status=probe.status, text=probe.reason), found)
+        ended = {"exit_code": probe.exit_code} if probe.exit_code is not None else {}
+        return Decision(name, "run", cause("probe", status=probe.status, text=probe.reason, **ended), found)
     return Decision(name, "ok", cause("up_to_date", text=probe.reason))

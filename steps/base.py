@@ -91,6 +91,7 @@ class Probe:
     # would run is blocked, by name, instead of running against nothing
     stopped: bool = False
     hint: str = ""  # unknown: what to check
+    exit_code: int | None = None  # missing because the job it started exited with this code (`status` shows it)
 
     @classmethod
     def ok(cls, reason: str = "") -> Probe:
@@ -102,8 +103,8 @@ class Probe:
         return cls("ok", reason, stopped=True)
 
     @classmethod
-    def missing(cls, reason: str) -> Probe:
-        return cls("missing", reason)
+    def missing(cls, reason: str, exit_code: int | None = None) -> Probe:
+        return cls("missing", reason, exit_code=exit_code)
 
     @classmethod
     def drift(cls, reason: str, changes: tuple[Change | str, ...] = ()) -> Probe:

@@ -210,7 +210,7 @@ class LaunchStep(StepKind[LaunchSpec]):
             return Probe.missing(
                 f"the job is gone (pid {job.get('pid')}{where} no longer runs and left no exit status)"
             )
-        return Probe.missing(f"the job exited with code {code}{where}{_at(job.get('finished'))}")
+        return Probe.missing(f"the job exited with code {code}{where}{_at(job.get('finished'))}", exit_code=code)
 
     def live_work(self, ctx: StepContext) -> str | None:
         if self.ray:

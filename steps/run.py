@@ -9,6 +9,8 @@ Example::
 
 A list runs as argv with no shell; a string runs under ``sh -c``. The step is done when its record matches
 the fingerprint (the rendered spec plus the content of its ``inputs``) and every ``creates`` path exists.
+Its output ``stdout`` keeps the first 64 KiB of what the command printed (apply says so when it cut it; the
+step's log keeps it all): write anything bigger to a file and pass the path.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pydantic import Field, field_validator, model_validator
 
 from steps._support.files import check_patterns
 from steps._support.machine import Machine, machine_for
+from steps._support.process import STDOUT_LIMIT
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind, env_mapping
 
 
@@ -115,6 +118,11 @@ class RunStep(StepKind[RunSpec]):
                     output_tail="\n".join(result.tail),
                 )
         stdout = result.stdout[:-1] if result.stdout.endswith("\n") else result.stdout
+        if result.stdout_cut:
+            ctx.notice(
+                f"{ctx.name}: its output is longer than {STDOUT_LIMIT // 1024} KiB: `steps.{ctx.name.partition('[')[0]}"
+                f".stdout` keeps the first {STDOUT_LIMIT // 1024} KiB (its log has it all)"
+            )
         outputs: dict[str, Any] = {"rc": 0, "stdout": stdout, "cwd": machine.workdir(ctx, spec.cwd)}
         if machine.host is not None:
             outputs["host"] = machine.host

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import Project
 from tests.harness import WORLD, Harness
 
 
@@ -222,3 +224,64 @@ def test_plan_says_a_container_would_fail_without_an_engine(
     assert planned["after"] == "block blocked: aenv would fail"
     applied = runner("apply", "--keep-going")
     assert "cannot reach the Docker Engine" in applied.out and "blocked=1 (after)" in applied.out, applied.out
+
+
+def _until(predicate, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_status_says_stopped_exited_and_running_and_keeps_its_columns(runner: Harness) -> None:
+    runner.write(
+        """
+        steps:
+          - name: j
+            launch: {detach: true, command: "sleep 600"}
+          - name: k
+            launch: {detach: true, command: "sleep 1.5; exit 5"}
+          - name: s
+            run: {command: "sleep 2"}
+        """
+    )
+    try:
+        assert runner("apply").code == 0
+        assert runner("stop", "j").code == 0
+        _until(lambda: "exited 5" in runner("status").out)
+        rows = runner("status").out.splitlines()
+        assert rows[0].startswith("STEP  KIND    LAST ")  # the header and the rows share their columns
+        row = {line.split()[0]: line for line in rows[1:]}
+        assert all(line.index("launch") == rows[0].index("KIND") for line in (row["j"], row["k"]))
+        assert row["j"].split()[2] == "stopped" and "yes, stopped on purpose: stopped by `runner stop`" in row["j"]
+        assert row["k"].split()[2:4] == ["exited", "5"] and "no: the job exited with code 5" in row["k"]
+
+        project = Project(runner.path)
+        started = project.popen("apply", "--force", "s", "--only", "s")
+        seen: list[str] = []
+        _until(lambda: bool(seen.append(runner("status").out) or "running now" in seen[-1]))
+        during = {line.split()[0]: line for line in seen[-1].splitlines()[1:]}
+        assert started.wait(timeout=30) == 0
+        assert during["s"].split()[2:4] == ["running", "-"], during["s"]
+        assert f"running now (apply pid {started.pid})" in during["s"]
+        after = {line.split()[0]: line for line in runner("status").out.splitlines()[1:]}
+        assert after["s"].split()[2] == "done" and after["s"].endswith("yes")
+    finally:
+        runner("down")
+
+
+def test_a_stdout_cut_at_64_kib_is_said_when_it_is_cut(runner: Harness) -> None:
+    runner.write(
+        """
+        steps:
+          - name: big
+            run: {command: "python3 -c 'print(\\"x\\" * 100000)'"}
+          - name: small
+            run: {command: "echo {{ steps.big.stdout | length }} > length"}
+        """
+    )
+    said = runner("apply")
+    assert said.code == 0
+    assert "big: its output is longer than 64 KiB: `steps.big.stdout` keeps the first 64 KiB" in said.err, said.err
+    assert (runner.path / "length").read_text().strip() == str(64 * 1024)
+    assert "longer than" not in runner("apply", "--force", "small").err  # said of the step that was cut only

@@ -42,7 +42,7 @@ class Observer:
             found = self.probe(prep)
             masked = tuple(self._mask_change(c) for c in found.changes)
             mask = self.run.masker.mask
-            probe = Probe(found.status, mask(found.reason), masked, found.stopped, mask(found.hint))
+            probe = Probe(found.status, mask(found.reason), masked, found.stopped, mask(found.hint), found.exit_code)
         decision = decide(
             prep.key,
             record,

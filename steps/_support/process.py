@@ -28,6 +28,7 @@ class Completed:
     returncode: int
     stdout: str
     tail: list[str]
+    stdout_cut: bool = False  # stdout was longer than STDOUT_LIMIT: `stdout` is its first STDOUT_LIMIT characters
 
 
 class _ExitWatch:
@@ -214,7 +215,7 @@ def run_process(
     tail = list(output.tail)
     if reason:
         raise StepError(f"command {reason}", output_tail="\n".join(tail))
-    return Completed(proc.returncode, "".join(output.captured), tail)
+    return Completed(proc.returncode, "".join(output.captured), tail, output.cut)
 
 
 def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
@@ -277,6 +278,7 @@ class _Output:
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.captured: list[str] = []
         self.captured_size = 0
+        self.cut = False
         limit = log_limit()
         self.head_limit = limit - limit // 2 if limit else 1 << 62
         self.tail_limit = limit // 2
@@ -357,6 +359,8 @@ class _Output:
             self.shows = False
 
     def _capture(self, text: str) -> None:
+        if self.captured_size + len(text) > STDOUT_LIMIT:
+            self.cut = True
         if self.captured_size < STDOUT_LIMIT:
             text = text[: STDOUT_LIMIT - self.captured_size]
             self.captured.append(text)
