@@ -6,7 +6,7 @@ The cause kinds, with the data each carries:
 
 ======================  ==============================================================================
 forced                  --
-no_record               --
+no_record               -- or, for a run step whose every `creates` exists: creates_exist, target
 crashed                 started (epoch), running_now (plan cannot tell a crash from a run), left (count
                         of processes the dead run left, stopped before it runs again), left_shown
 interrupted             finished

@@ -117,15 +117,16 @@ class Reporter:
     def step_finished(self, result: Result) -> None:
         mark = MARKS.get(result.status, result.status)
         line = f"{mark:<8} {result.name:<{self.width}}"
-        if result.status in ("changed", "failed", "interrupted") or result.duration >= 0.05:
-            line += f" {fmt_duration(result.duration):>7}"
+        # the time column is kept whether or not it is filled, so every row's detail starts at one column
+        timed = result.status in ("changed", "failed", "interrupted") or result.duration >= 0.05
+        line += f" {fmt_duration(result.duration) if timed else '':>7}"
         if result.status in ("skipped", "blocked", "pending") or (
             result.status == "ok" and result.reason and result.reason != "up to date"
         ):
             line += f" {result.reason}"
         elif result.note:
             line += f" {result.note}"
-        self._print(line)
+        self._print(line.rstrip())
         if result.status in ("failed", "interrupted"):
             for text in result.error.splitlines():
                 self._print(f"    error: {text}")
@@ -296,7 +297,10 @@ class LiveReporter(Reporter):
         table.add_column(width=2, no_wrap=True)
         table.add_column(width=self.width, no_wrap=True, overflow="ellipsis")
         table.add_column(justify="right", width=7, no_wrap=True)
-        table.add_column(no_wrap=True, overflow="ellipsis")
+        # the rest of the terminal, and no more: a line wider than it is cut with an ellipsis here, instead of
+        # the table squeezing the spinner and clock columns away for every row
+        rest = max(10, self.console.width - (2 + self.width + 7 + 3))
+        table.add_column(width=rest, no_wrap=True, overflow="ellipsis")
         now = time.monotonic()
         with self._rows:
             rows = [(name, dict(row)) for name, row in self._running.items()]

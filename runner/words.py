@@ -62,6 +62,8 @@ def _reason(c: Cause, changes: Sequence[Change] = (), *, full: bool = True) -> s
     if k == "forced":
         return "forced (--force)"
     if k == "no_record":
+        if d.get("creates_exist"):
+            return f"no record yet; every `creates` exists: `runner mark-done {d.get('target')}` takes it as done"
         return "no record yet"
     if k == "crashed":
         when = iso(d.get("started"))

@@ -167,6 +167,8 @@ class StepContext:
     log_path: Path | None = None
     record_outputs: Mapping[str, Any] = field(default_factory=dict)  # outputs of the last successful run
     on_output: Callable[[str], None] = lambda line: None
+    # a progress update the command overwrites with `\r` (`45%\r46%\r`): its running row shows it, no log line
+    on_transient: Callable[[str], None] = lambda line: None
     cancel: threading.Event = field(default_factory=threading.Event)
     hurry: threading.Event = field(default_factory=threading.Event)  # set by a second Ctrl-C: no more grace
     mask: Callable[[str], str] = lambda text: text  # hides secret values in anything written out

@@ -285,3 +285,81 @@ def test_a_stdout_cut_at_64_kib_is_said_when_it_is_cut(runner: Harness) -> None:
     assert "big: its output is longer than 64 KiB: `steps.big.stdout` keeps the first 64 KiB" in said.err, said.err
     assert (runner.path / "length").read_text().strip() == str(64 * 1024)
     assert "longer than" not in runner("apply", "--force", "small").err  # said of the step that was cut only
+
+
+def test_work_whose_creates_all_exist_but_has_no_record_names_mark_done(runner: Harness) -> None:
+    runner.write(PREP_COUNT_TRAIN)
+    assert runner("apply", "--var", "items=a,b,c").code == 0
+    assert runner("apply", "--var", "items=a,b").code == 0  # c dropped from the list: its record goes
+    plan = runner("plan", "--var", "items=a,b,c")
+    hint = "no record yet; every `creates` exists: `runner mark-done prep[c]` takes it as done"
+    assert hint in plan.planned()["prep"], plan.out
+    assert runner("mark-done", "prep[c]", "--var", "items=a,b,c").code == 0
+    assert runner("plan", "--var", "items=a,b,c").planned()["prep"] == "ok 3 items up to date"
+    # renamed: the same hint for the new name; a creates that is missing gets none
+    runner.write(PREP_COUNT_TRAIN.replace("name: prep", "name: make"))
+    assert "`runner mark-done make[a]`" in runner("plan", "--var", "items=a,b,c").out
+    (runner.path / "data" / "a.txt").unlink()
+    planned = runner("plan", "--var", "items=a,b,c").planned()["make"]
+    assert "a (no record yet)" in planned and "mark-done make[a]" not in planned, planned
+
+
+def test_the_live_view_keeps_its_columns_past_a_wide_line_and_shows_a_progress_line(tmp_path: Path) -> None:
+    import re
+
+    import pyte
+
+    project = Project(tmp_path)
+    wide = "w" * 300
+    script = f"import sys, time\nprint('{wide}', flush=True)\ntime.sleep(1.2)\nfor p in range(1, 15):\n"
+    script += "    sys.stdout.write(f'{p}% done\\r'); sys.stdout.flush(); time.sleep(0.15)\nprint('end')\n"
+    (tmp_path / "step.py").write_text(script)
+    project.write("steps:\n  - name: wide_one\n    run: {command: [python3, step.py]}\n")
+    code, raw = project.on_a_terminal("apply")
+    assert code == 0, raw.decode(errors="replace")
+    screen = pyte.Screen(100, 40)
+    stream = pyte.ByteStream(screen)
+    clocks: set[str] = set()  # the times shown while the wide line is the step's latest
+    progress: set[str] = set()
+    for start in range(0, len(raw), 64):
+        stream.feed(raw[start : start + 64])
+        rows = screen.display
+        for i, row in enumerate(rows):
+            match = re.search(r"wide_one\s+(\d+\.\d\d)s", row)
+            if match and not row.startswith("changed"):
+                below = rows[i + 1] if i + 1 < len(rows) else ""
+                if "wwwww" in below:
+                    clocks.add(match.group(1))
+                if "% done" in below:
+                    progress.add(below.strip())
+        assert all(len(row) <= 100 for row in rows)
+    assert len(clocks) >= 4, clocks  # the clock column stays (and moves) while a wide line is the latest
+    assert len(progress) >= 2, progress  # the `\r` progress shows in the step's row as it moves
+    assert not any(wide in row for row in screen.display)  # the wide line was cut, never wrapped over rows
+    log = next((tmp_path / ".runner" / "logs").glob("*/wide_one.log")).read_text()
+    assert wide in log and "14% done" in log  # the log has it all
+
+
+def test_plain_rows_put_their_detail_at_one_column_and_end_without_spaces(runner: Harness) -> None:
+    runner.write(
+        """
+        steps:
+          - name: version
+            capture: {command: "echo 1.2.3"}
+          - name: quick
+            fake: {}
+          - name: broken
+            needs: []
+            fake: {fail: true}
+          - name: after_broken
+            needs: [broken]
+            fake: {}
+        """
+    )
+    said = runner("apply", "--keep-going")
+    lines = said.out.splitlines()
+    rows = {line.split()[1]: line for line in lines if line.split()[0] in ("changed", "ok", "blocked", "FAILED")}
+    assert not [line for line in lines if line != line.rstrip()], said.out
+    assert rows["after_broken"].index("blocked: broken failed") == rows["version"].index("= 1.2.3"), said.out
+    again = runner("apply", "--keep-going").out.splitlines()
+    assert "ok       quick" in again and "ok       version" in again, again  # no trailing spaces

@@ -229,6 +229,7 @@ class Executor:
             prep.ctx.on_output = lambda line: self.run.reporter.output(name, line)
         else:
             prep.ctx.on_output = lambda line: self.run.reporter.output_quiet(name, line)
+        prep.ctx.on_transient = lambda line: self.run.reporter.output_quiet(name, line)
         previous = self.run.record(name)
         if previous is not None and previous.status == STARTED and previous.run:
             crashed_tag = sweep.step_tag(str(self.run.pipeline.state_dir), previous.run, name)

@@ -57,6 +57,16 @@ class Observer:
         )
         if decision.cause.kind == "upstream_changed":
             decision = self._say_what_moved(decision)
+        if (
+            decision.cause.kind == "no_record"
+            and prep.step.kind == "run"
+            and getattr(prep.instance.spec, "creates", None)
+        ):
+            # Ansible's `creates` would skip it; runner runs what it has no record of (the files may be another
+            # spec's), and says how to take them as done instead: a renamed step, an item dropped and added back
+            if self.probe(prep).status == "ok":
+                why = Cause("no_record", {"creates_exist": True, "target": prep.key})
+                decision = Decision(decision.name, decision.action, why, decision.changes)
         if record is not None and record.status == STARTED and crashed_ok and decision.action == "run":
             left = self._left_running(prep.key, record)
             if left:

@@ -274,7 +274,7 @@ class _Output:
         self.ctx = ctx
         self.log = log
         self.log_error = log_error
-        self.on_transient = on_transient
+        self.on_transient = on_transient or ctx.on_transient
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
         self.captured: list[str] = []
         self.captured_size = 0
