@@ -109,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="only say what it would do")
     sub.add_parser("validate", parents=[common], help="load and check the pipeline only")
     sub.add_parser("restore-state", parents=[common], help="put back the last good state snapshot (state.json.backup)")
+    p = sub.add_parser("init", parents=[common], help="write a commented starter pipeline.yaml (-f FILE: there)")
+    p.add_argument("--force", action="store_true", help="replace the file if it exists")
+    p = sub.add_parser("completion", help='a shell completion script: eval "$(runner completion bash)"')
+    p.add_argument("shell", choices=["bash", "zsh", "fish"])
+    p = sub.add_parser("_names", parents=[common])  # for the completion scripts: no help, not listed
+    p.add_argument("--for", dest="for_command", default="")
+    p = sub.add_parser("_options")
+    p.add_argument("of")
     p = sub.add_parser("schema", help="the JSON Schema of the pipeline file, for editors")
     p.add_argument("-o", "--output", metavar="FILE", help="write it to FILE (default: print it)")
     return parser
@@ -205,10 +213,15 @@ COMMANDS = {
     "validate": "validate",
     "restore-state": "restore_state",
     "schema": "schema",
+    "init": "init",
+    "completion": "completion",
+    "_names": "completion:run_names",
+    "_options": "completion:run_options",
 }
 
 
 def dispatch(args: argparse.Namespace) -> int:
-    module = importlib.import_module(f"runner.commands.{COMMANDS[args.command]}")
-    code: int = module.run(args)
+    name, _, function = COMMANDS[args.command].partition(":")
+    module = importlib.import_module(f"runner.commands.{name}")
+    code: int = getattr(module, function or "run")(args)
     return code

@@ -363,3 +363,76 @@ def test_plain_rows_put_their_detail_at_one_column_and_end_without_spaces(runner
     assert rows["after_broken"].index("blocked: broken failed") == rows["version"].index("= 1.2.3"), said.out
     again = runner("apply", "--keep-going").out.splitlines()
     assert "ok       quick" in again and "ok       version" in again, again  # no trailing spaces
+
+
+def test_init_writes_a_starter_that_validates_applies_and_converges(runner: Harness) -> None:
+    made = runner("init")
+    assert made.code == 0 and "wrote pipeline.yaml" in made.out, made.err
+    assert runner("validate").code == 0
+    first = runner("apply")
+    assert first.code == 0, first.out
+    assert (runner.path / ".work" / "report.txt").read_text().strip() == "2 items prepared"
+    again = runner("apply")
+    assert again.code == 0 and "changed=0" in again.out and "failed=0" in again.out, again.out
+    added = runner("apply", "--var", "items=alpha,beta,gamma")
+    assert "changed  prep[gamma]" in added.out and "prep[alpha]" not in added.out, added.out
+    assert "changed  count" in added.out  # it names prep in `needs`: a new item re-runs it
+
+    text = (runner.path / "pipeline.yaml").read_text()
+    refused = runner("init")
+    assert refused.code == 2 and "exists" in refused.err and "--force" in refused.err
+    assert (runner.path / "pipeline.yaml").read_text() == text
+    elsewhere = runner("init", "-f", "other.yaml")
+    assert elsewhere.code == 0 and "`runner plan -f other.yaml`" in elsewhere.out
+    (runner.path / "pipeline.yaml").write_text("steps: []\n")
+    assert runner("init", "--force").code == 0 and (runner.path / "pipeline.yaml").read_text() == text
+
+
+def test_bash_completion_offers_commands_options_steps_and_items(tmp_path: Path) -> None:
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    project = Project(tmp_path)
+    project.write(PREP_COUNT_TRAIN.replace("{{ vars.items }}", "alpha,beta"))
+    project.write("steps:\n  - name: other_one\n    run: {command: 'true'}\n", name="other.yaml")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "runner").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m runner "$@"\n')
+    (bin_dir / "runner").chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+
+    def complete(*words: str) -> list[str]:
+        script = 'eval "$(runner completion bash)"\n'
+        script += f"COMP_WORDS=({' '.join(shlex.quote(w) for w in words)}); COMP_CWORD={len(words) - 1}\n"
+        script += '_runner_complete; printf "%s\\n" "${COMPREPLY[@]}"\n'
+        done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return [line for line in done.stdout.splitlines() if line]
+
+    assert complete("runner", "lo") == ["logs"]
+    assert "init" in complete("runner", "") and "_names" not in complete("runner", "")
+    assert complete("runner", "plan", "--fr") == ["--from"]
+    assert complete("runner", "stop", "") == ["prep", "count", "train"]
+    assert complete("runner", "logs", "pre") == ["prep", "prep[alpha]", "prep[beta]"]
+    assert complete("runner", "-f", "other.yaml", "explain", "") == ["other_one"]
+    assert complete("runner", "logs", "--file", "other.yaml", "") == ["other_one"]
+    assert complete("runner", "logs", "-f", "c") == ["count"]  # after `logs`, -f follows
+    (tmp_path / "pipeline.yaml").write_text("steps: [\n")  # a broken pipeline: no names, and no error shown
+    assert complete("runner", "stop", "") == []
+
+
+@pytest.mark.parametrize("shell", ["zsh", "fish"])
+def test_the_other_shells_scripts_parse(shell: str, tmp_path: Path) -> None:
+    import shutil
+    import subprocess
+
+    if shutil.which(shell) is None:
+        pytest.skip(f"{shell} is not installed here")
+    said = Harness(tmp_path)("completion", shell)
+    (tmp_path / "script").write_text(said.out)
+    checked = subprocess.run([shell, "-n", str(tmp_path / "script")], capture_output=True, text=True, timeout=30)
+    assert checked.returncode == 0, checked.stderr

@@ -104,6 +104,9 @@ class Engine:
     def check_item(self, target: str) -> None:
         self.admin.check_item(target)
 
+    def item_keys(self, name: str) -> list[str]:
+        return self.admin.item_keys(name)
+
     def log_of(self, name: str, run: int | None = None) -> Path | None:
         return self.admin.log_of(name, run)
 

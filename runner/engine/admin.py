@@ -378,6 +378,17 @@ class Admin:
         input, exit 2) with the items it has otherwise."""
         name, _, rest = target.partition("[")
         key = rest[:-1]
+        choices = self.item_keys(name)
+        if key in choices:
+            return
+        raise InputError(
+            f"step {name!r} has no item {key!r}"
+            + (suggest(key, choices) if choices else " (it has no items now, and none has run)")
+        )
+
+    def item_keys(self, name: str) -> list[str]:
+        """The keys of a for_each step's items: those it has now (rendered, where they can be), those its record
+        holds, and those with a kept log."""
         known: list[str] = []
         with contextlib.suppress(InputError, StepError):
             step = self._reach(name)
@@ -385,13 +396,7 @@ class Admin:
         record = self.run.record(name)
         known += list(record.item_keys or []) if record is not None else []
         known += [p.name[len(name) + 1 : -5] for p in self.runs_of_prefix(name)]
-        if key in known:
-            return
-        choices = list(dict.fromkeys(known))
-        raise InputError(
-            f"step {name!r} has no item {key!r}"
-            + (suggest(key, choices) if choices else " (it has no items now, and none has run)")
-        )
+        return list(dict.fromkeys(known))
 
     def item_logs(self, name: str) -> list[tuple[str, Path]]:
         """For `runner logs LOOP`: each item's log (latest kept), in the items' recorded order."""

@@ -132,7 +132,8 @@ class Preparer:
                     value = json.loads(text)
                 except ValueError:
                     raise self._render_error(
-                        step, RenderError(f"for_each rendered to {text[:80]!r}, which is not a JSON list", ())
+                        step,
+                        RenderError(f"for_each rendered to {text[:80]!r}, which is not a JSON list", ("for_each",)),
                     ) from None
             else:
                 value = [part.strip() for part in text.split(",") if part.strip()]
