@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from runner.util import faults
 from runner.util.text import is_template
@@ -43,6 +43,7 @@ from steps._support.docker_config import (
     RESTART_RE,
     STEP_LABEL,
     changes_between,
+    check_volume,
     foreign_owner,
     live_changes,
     logs_tail,
@@ -134,25 +135,13 @@ class DockerSpec(SpecModel):
 
         return "ssh://" + (check_target(value) or value)
 
-    @field_validator("ports")
+    @field_validator("ports", "volumes")
     @classmethod
-    def _ports(cls, value: list[str]) -> list[str]:
+    def _mappings(cls, value: list[str], info: ValidationInfo) -> list[str]:
+        check = parse_port if info.field_name == "ports" else check_volume
         for item in value:
-            if not is_template(item):  # a templated mapping is checked once rendered
-                parse_port(item)
-        return value
-
-    @field_validator("volumes")
-    @classmethod
-    def _volumes(cls, value: list[str]) -> list[str]:
-        for item in value:
-            if is_template(item):
-                continue
-            parts = item.split(":")
-            if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
-                raise ValueError(f"{item!r} is not a mount: expected source:/container/path[:ro|rw]")
-            if not parts[1].startswith("/"):
-                raise ValueError(f"{item!r}: the container path must be absolute")
+            if not is_template(item):  # a templated one is checked once rendered
+                check(item)
         return value
 
     @field_validator("restart")

@@ -397,7 +397,7 @@ def test_a_secret_as_a_for_each_item_names_nothing(tmp_path: Path) -> None:
     # a detached job writes its own output to its log as it printed it; the header and `runner logs` mask it
     job_log = tmp_path / ".runner" / "jobs" / f"{job}.log"
     assert job_log.read_text().splitlines()[1] == f"started {token}"
-    assert outputs[-1].out.splitlines()[0].endswith("echo started ********"), outputs[-1].out
+    assert outputs[-1].out.splitlines()[0].endswith("echo started ********"), (outputs[-1].out, outputs[-1].err)
     assert outputs[-1].out.splitlines()[1] == "started ********", outputs[-1].out
     value = json.loads((tmp_path / ".runner" / "secrets.json").read_text())["key"]["value"]
     files = [p for p in (tmp_path / ".runner").rglob("*") if p.name not in ("secrets.json", "env.sh", job_log.name)]

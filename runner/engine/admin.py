@@ -389,6 +389,7 @@ class Admin:
     def item_keys(self, name: str) -> list[str]:
         """The keys of a for_each step's items: those it has now (rendered, where they can be), those its record
         holds, and those with a kept log."""
+        self.run.load_state()  # the records, and the key of the secret items' digests
         known: list[str] = []
         with contextlib.suppress(InputError, StepError):
             step = self._reach(name)

@@ -75,6 +75,15 @@ def parse_port(text: str) -> tuple[str, str | None, int | None]:
     return f"{cport}/{m['proto'] or 'tcp'}", ip, host
 
 
+def check_volume(item: str) -> None:
+    """'source:/container/path[:ro|rw]', or ValueError."""
+    parts = item.split(":")
+    if len(parts) not in (2, 3) or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+        raise ValueError(f"{item!r} is not a mount: expected source:/container/path[:ro|rw]")
+    if not parts[1].startswith("/"):
+        raise ValueError(f"{item!r}: the container path must be absolute")
+
+
 def changes_between(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     changes = []
     for key in sorted(set(old) | set(new)):
