@@ -139,6 +139,10 @@ class Reporter:
             if result.log:
                 self._print(f"    log: {result.log}")
 
+    def never_reached(self, result: Result) -> None:
+        """A step apply stopped before (after a failure, without --keep-going): the recap names it in plain
+        output; --json gives it its step_finished, as every step gets one."""
+
     def run_started(self, pipeline: str, file: str, steps: list[str], command: str) -> None:
         """An apply or plan begins (plain output says nothing)."""
 
@@ -252,6 +256,9 @@ class JsonReporter(Reporter):
         if result.cause is not None:
             fields["cause"] = result.cause.to_json()
         self._emit("step_finished", **fields)
+
+    def never_reached(self, result: Result) -> None:
+        self.step_finished(result)
 
     def run_finished(self, results: list[Result], exit_code: int) -> None:
         self._emit("run_finished", recap=recap_counts(results), exit_code=exit_code)

@@ -161,6 +161,9 @@ def test_fail_fast_recap_tells_blocked_from_not_started(runner: Harness) -> None
     said = runner("apply")
     assert said.code == 1
     assert "blocked=2 (b, d) not-started=1 (c)" in said.out, said.out
+    finished = runner("apply", "--json").finished()  # every step has its step_finished, reached or not
+    assert finished["c"]["status"] == "blocked" and finished["c"]["cause"] == {"kind": "not_started"}
+    assert finished["d"]["cause"] == {"kind": "waits_on", "roots": ["a"], "via": ["b"], "holds": {}, "happened": True}
     kept = runner("apply", "--keep-going")
     assert "blocked=2 (b, d)" in kept.out and "not-started" not in kept.out, kept.out
 
@@ -436,3 +439,25 @@ def test_the_other_shells_scripts_parse(shell: str, tmp_path: Path) -> None:
     (tmp_path / "script").write_text(said.out)
     checked = subprocess.run([shell, "-n", str(tmp_path / "script")], capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stderr
+
+
+def test_a_step_whose_start_cannot_be_recorded_gets_its_verdict_line(
+    runner: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from runner.errors import StateError
+    from runner.state import StateStore
+
+    runner.write("steps:\n  - name: a\n    fake: {}\n  - name: b\n    fake: {}\n")
+    real = StateStore.replace
+
+    def full_disk(self: StateStore, name: str, record: dict[str, object] | None) -> None:
+        if name == "b" and record is not None and record.get("status") == "started":
+            raise StateError(f"cannot write {self.path}: No space left on device; the previous state is kept")
+        real(self, name, record)
+
+    monkeypatch.setattr(StateStore, "replace", full_disk)
+    said = runner("apply")
+    assert said.code == 1
+    assert "FAILED   b" in said.out, said.out
+    assert "its start could not be recorded, so it did not run: cannot write" in said.out, said.out
+    assert "No space left on device" in said.err and WORLD.runs == ["a"]

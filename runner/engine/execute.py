@@ -13,7 +13,7 @@ from runner.engine import deadline
 from runner.engine.base import RunState
 from runner.engine.prepare import Item, Prepared, Preparer
 from runner.engine.walk import Look, Outcome, Walk
-from runner.errors import InputError
+from runner.errors import InputError, StateError
 from runner.events import Decision, Result, Status
 from runner.fingerprint import digest
 from runner.model import StepDecl
@@ -238,7 +238,11 @@ class Executor:
         prep.ctx.process_tag = tag
         begin = now()
         begun = StepRecord.starting(previous, begin, self.run.run_id, os.getpid(), str(log_path))
-        self.run.state.replace(name, begun.to_dict())
+        try:
+            self.run.state.replace(name, begun.to_dict())
+        except StateError as exc:  # a full disk, say: the step gets its verdict line before the run ends on it
+            self._report(Result(name, "failed", error=f"its start could not be recorded, so it did not run: {exc}"))
+            raise
         faults.point("started")
         attempts = 0
 

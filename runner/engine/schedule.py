@@ -143,6 +143,7 @@ class Scheduler:
                 stopped = [d for d in self.run.graph.after[name] if d in results and _stops(results[d])]
                 why = self.walk.waits_on(name, stopped, happened=True).cause if stopped else cause("not_started")
                 results[name] = Result(name, "blocked", words.reason(why), cause=why)
+                self.run.reporter.never_reached(results[name])
         return [results[n] for n in order if n in results and results[n].status != "unselected"]
 
 
