@@ -100,8 +100,13 @@ def parse_yaml(text: str, file: str) -> tuple[Any, MarkedData]:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         problem = exc.problem or exc.context or "invalid YAML"
+        context = exc.context if exc.context and exc.problem else ""
+        begun = exc.context_mark
+        if context and begun is not None and mark is not None and begun.line != mark.line:
+            # where what was left open began (a quote, a bracket), not only the end of the file where it was noticed
+            context += f" that starts at line {begun.line + 1}, column {begun.column + 1}"
         raise InputError(
-            f"YAML syntax error: {problem}" + (f" ({exc.context})" if exc.context and exc.problem else ""),
+            f"YAML syntax error: {problem}" + (f" ({context})" if context else ""),
             file=file,
             line=mark.line + 1 if mark else None,
             column=mark.column + 1 if mark else None,

@@ -10,6 +10,13 @@ from tests.harness import Harness
 # (id, pipeline text, line, column or None, text the message must contain)
 CASES = [
     ("yaml-syntax", "steps: [\n", 2, None, "YAML syntax error"),
+    (
+        "yaml-unclosed-quote",
+        'steps:\n  - name: "a\n    run: x\n',
+        4,
+        1,
+        "(while scanning a quoted scalar that starts at line 2, column 11)",
+    ),
     ("yaml-tab", "steps:\n\t- name: a\n", 2, None, "YAML syntax error"),
     ("top-level-list", "- name: a\n", 1, 1, "top level must be a mapping"),
     ("top-level-scalar", "hello\n", 1, 1, "top level must be a mapping"),
