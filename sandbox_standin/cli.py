@@ -76,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
         default=0.0,
         help="start listening only after this many seconds (AgentENV's first start fetches its runtime first)",
     )
+    parser.add_argument(
+        "--proxy-domains",
+        default=os.environ.get("AENV_SANDBOX_PROXY_DOMAINS", ""),
+        help="comma-separated domains: a request for {port}-{sandboxID}.{domain} goes to that port in that sandbox, "
+        "and sandboxes report the first as their domain (as AgentENV's AENV_SANDBOX_PROXY_DOMAINS)",
+    )
     parser.add_argument("--build-seconds", type=float, default=0.0, help="how long a template build takes")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     args = parser.parse_args(argv)
@@ -101,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             key,
             v1_only=args.v1_only,
             verbose=args.verbose,
+            proxy_domains=args.proxy_domains.split(","),
         )
     except OSError as exc:
         print(f"sandbox_standin: cannot listen on {args.host}:{args.port}: {exc.strerror}", file=sys.stderr)

@@ -39,6 +39,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from sandbox_standin.envd import envelope, is_uuid, read_envelope, run_process
+from sandbox_standin.proxy import forward, host_route, listener_session
 from sandbox_standin.registry import ALIAS, ENVD_PORT, ENVD_VERSION, Registry, Sandbox
 
 MAX_BODY = 16 * 1024 * 1024
@@ -124,18 +125,28 @@ class Handler(BaseHTTPRequestHandler):
         self._dispatch("DELETE")
 
     def _dispatch(self, method: str) -> None:
-        path = self.path.split("?", 1)[0].rstrip("/") or "/"
+        target = self.path
+        if target.startswith("http://"):  # absolute form: a client that takes the stand-in as its HTTP proxy
+            target = "/" + target.removeprefix("http://").partition("/")[2]
+        path = target.split("?", 1)[0].rstrip("/") or "/"
         try:
             body = self._body()
         except ValueError as exc:
             self._error(400, f"bad request: {exc}")
             return
         route = self._route(path)
-        if path == "/health" and not self._is_proxy_request(True):
+        # is_sandbox_proxy_request (proxy.rs:165-178): the /proxy prefix, a host under a proxy domain (parsed or
+        # not), or a routing header on a path that is no control-plane route; such a request never takes the
+        # /health bypass (auth.rs:51-54)
+        host = self.headers.get("Host") or self.path.removeprefix("http://").partition("/")[0]
+        by_host = host_route(host, self.server.proxy_domains)
+        prefixed = path == "/proxy" or path.startswith("/proxy/")
+        proxied = prefixed or by_host is not None or self._is_proxy_request(route is not None)
+        if path == "/health" and not proxied:
             self._send(204 if method == "GET" else 405, headers={} if method == "GET" else {"Allow": "GET,HEAD"})
             return
-        if self._is_proxy_request(route is not None):
-            self._data_plane(method, path, body)
+        if proxied:
+            self._proxy(method, target, path, body, by_host, prefixed, host)
             return
         if not self._authorized():
             self._send(401)
@@ -196,6 +207,10 @@ class Handler(BaseHTTPRequestHandler):
         if template is None:
             self._error(400, f"template {template_id} not found")
             return
+        network = body.get("network")
+        if isinstance(network, dict) and network.get("allowPublicTraffic") is False:
+            self._error(400, "sandbox_standin makes only sandboxes open to public traffic (allowPublicTraffic: false)")
+            return
         box = registry.create(body, template)
         answer: dict[str, Any] = {
             "templateID": box.template_id,
@@ -206,6 +221,8 @@ class Handler(BaseHTTPRequestHandler):
         }
         if box.access_token:
             answer["envdAccessToken"] = box.access_token
+        answer["trafficAccessToken"] = None  # public traffic (the only kind the stand-in makes)
+        answer["domain"] = self.server.proxy_domains[0] if self.server.proxy_domains else None
         self._send(201, answer, {"x-agentenv-sandbox-id": box.sandbox_id})
 
     def _sandbox(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
@@ -220,7 +237,8 @@ class Handler(BaseHTTPRequestHandler):
         if box is None:
             self._error(404, f"sandbox {sandbox_id} not found")
         else:
-            self._send(200, box.describe())
+            domain = self.server.proxy_domains[0] if self.server.proxy_domains else None
+            self._send(200, {**box.describe(), "domain": domain})  # sandbox_detail_model (sandbox.rs:242-245)
 
     def _sandbox_timeout(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
         """set_timeout: the sandbox expires `timeout` s from now, shorter or longer (sandbox.rs:1277-1309,
@@ -350,43 +368,58 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
-    def _data_plane(self, method: str, path: str, body: bytes) -> None:
-        """A proxied request to a sandbox's envd, authorised as require_auth does (auth.rs), routed as proxy.rs.
-
-        A route that does not parse (no or a bad sandbox id, no or a bad port) passes only with the API key, and
-        then gets the proxy's 400; a parsed route to an unknown sandbox is 404 "sandbox not found"; the envd
-        port of a sandbox created with ``secure: true`` needs its ``X-Access-Token``.
-        """
+    def _header_route(self) -> tuple[str, int] | str:
+        """The routing headers (proxy.rs:817-860): (sandbox id, port), or the 400 message of what is wrong."""
         raw_id = self.headers.get("X-Agentenv-Sandbox-Id") or self.headers.get("E2b-Sandbox-Id")
         raw_port = self.headers.get("X-Agentenv-Target-Port") or self.headers.get("E2b-Sandbox-Port")
-        problem = None
         if not raw_id:
-            problem = "missing sandbox routing header"
-        elif not is_uuid(raw_id):
-            problem = "invalid sandbox routing header"
-        elif not raw_port:
-            problem = "missing target port routing header"
-        elif not raw_port.isdigit() or int(raw_port) > 65535:
-            problem = "invalid target port routing header"
-        if problem is not None:
-            if not self._authorized():
+            return "missing sandbox routing header"
+        if not is_uuid(raw_id):
+            return "invalid sandbox routing header"
+        if not raw_port:
+            return "missing target port routing header"
+        if not raw_port.isdigit() or int(raw_port) > 65535:
+            return "invalid target port routing header"
+        return raw_id, int(raw_port)
+
+    def _proxy(
+        self,
+        method: str,
+        target: str,
+        path: str,
+        body: bytes,
+        by_host: tuple[str, int] | str | None,
+        prefixed: bool,
+        host: str | None,
+    ) -> None:
+        """A data-plane request, authorised as require_auth does (auth.rs:65-109), routed as proxy.rs: by Host
+        (sandbox_proxy_classifier, 193-239), by the /proxy prefix (245-257, the prefix stripped) or by the routing
+        headers (fallback, 259-285). A route that does not parse passes only with the API key (or the prefix) and
+        then gets its 400; a parsed route to an unknown sandbox is 404 "sandbox not found"; the envd port of a
+        `secure` sandbox needs its X-Access-Token.
+        """
+        routed = by_host if by_host is not None and not prefixed else self._header_route()
+        if isinstance(routed, str):  # route_for_auth gives None: only the key (or the prefix) lets it through
+            if not (prefixed or self._authorized()):
                 self._send(401)
             else:
-                self._error(400, problem)
+                self._error(400, routed)
             return
-        box = self.server.registry.get(str(raw_id))
+        sandbox_id, port = routed
+        box = self.server.registry.get(sandbox_id)
         if box is None:
             self._error(404, "sandbox not found")
             return
-        if int(str(raw_port)) != ENVD_PORT:
-            self._error(502, f"sandbox_standin serves only envd (port {ENVD_PORT}), not port {raw_port}")
-            return
-        if box.access_token is not None:
+        if port == ENVD_PORT and box.access_token is not None:
             token = self.headers.get_all("X-Access-Token") or []
             if len(token) != 1 or not hmac.compare_digest(token[0].encode(), box.access_token.encode()):
                 self._send(401)
                 return
-        if method == "POST" and path == "/process.Process/Start":
+        forward_path = (target.removeprefix("/proxy") or "/") if prefixed else target
+        if port != ENVD_PORT:
+            self._forward(box, method, port, forward_path, body, host)
+            return
+        if method == "POST" and path.removeprefix("/proxy") == "/process.Process/Start":
             try:
                 request = read_envelope(body)
             except (ValueError, json.JSONDecodeError) as exc:
@@ -395,6 +428,33 @@ class Handler(BaseHTTPRequestHandler):
             self._process_start(box, request)
             return
         self._send(501, {"code": "unimplemented", "message": f"{method} {path} is not in the stand-in"})
+
+    def _forward(self, box: Sandbox, method: str, port: int, path: str, body: bytes, host: str | None) -> None:
+        """To a port served inside the sandbox: here, a port on this host whose listener that sandbox started."""
+        owner = listener_session(port)
+        if owner is None or owner not in {proc.pid for proc in box.processes}:
+            # AgentENV answers 502 when nothing in the sandbox takes the connection (proxy.rs:504-511)
+            self._error(502, f"nothing in sandbox {box.sandbox_id} listens on port {port}")
+            return
+        # what only the hop to the stand-in carries stays here: a valid API key (auth.rs:78-80) and the envd token,
+        # which is not this port's (auth.rs:106-108)
+        dropped = {"x-access-token", *({"x-api-key"} if self._authorized() else set())}
+        sent = [(k, v) for k, v in self.headers.items() if k.lower() not in dropped]
+        try:
+            status, headers, data = forward(method, path, port, sent, body, host)
+        except TimeoutError:
+            self._send(504)  # PROXY_RESPONSE_HEADER_TIMEOUT (proxy.rs:476-483)
+            return
+        except OSError:
+            self._send(502)
+            return
+        self.send_response(status)
+        for key, value in headers:
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        if method != "HEAD":
+            self.wfile.write(data)
 
     def _process_start(self, box: Sandbox, request: dict[str, Any]) -> None:
         deadline_ms = self.headers.get("Connect-Timeout-Ms")
@@ -418,7 +478,11 @@ class StandinServer(ThreadingHTTPServer):
         *,
         v1_only: bool = False,
         verbose: bool = False,
+        proxy_domains: list[str] | None = None,
     ) -> None:
+        # AENV_SANDBOX_PROXY_DOMAINS: `{port}-{sandboxID}.{domain}` hosts are proxied into that sandbox, and the
+        # first domain is each sandbox's `domain` (sandbox.rs:228-231)
+        self.proxy_domains = [d.strip().rstrip(".").lower() for d in proxy_domains or [] if d.strip()]
         self.registry = registry
         self.api_key = api_key
         self.v1_only = v1_only

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -257,3 +258,109 @@ def test_a_key_agentenv_would_refuse_stops_the_server_at_start(tmp_path: Path) -
     generated = load_key(tmp_path / "secrets" / "api-key")
     assert generated.startswith("e2b_") and len(generated) == 4 + 64
     assert oct((tmp_path / "secrets" / "api-key").stat().st_mode & 0o777) == "0o600"
+
+
+ECHO_SERVER = """
+import json, sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Echo(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"path": self.path, "headers": {k.lower(): v for k, v in self.headers.items()}}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    do_POST = do_GET
+    def log_message(self, *args):
+        pass
+
+HTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
+"""
+
+
+@pytest.fixture(scope="module")
+def domain_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with standin(tmp_path_factory.mktemp("standin-domain"), KEY, "--proxy-domains", "Sandbox.Test") as url:
+        yield url
+
+
+def _start_in(url: str, sandbox_id: str, argv: list[str]) -> tuple[http.client.HTTPConnection, Any]:
+    """A command started in the sandbox through envd, its stream left open as the SDK's background=True does."""
+    request = json.dumps({"process": {"cmd": argv[0], "args": argv[1:]}}).encode()
+    where = urlsplit(url)
+    connection = http.client.HTTPConnection(where.hostname or "", where.port, timeout=30)
+    routed = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": "49983", "Content-Type": "application/connect+json"}
+    connection.request("POST", "/process.Process/Start", b"\x00" + len(request).to_bytes(4, "big") + request, routed)
+    return connection, connection.getresponse()
+
+
+def test_a_host_under_the_proxy_domain_reaches_that_port_in_that_sandbox(domain_server: str, tmp_path: Path) -> None:
+    from conftest import free_port
+
+    build(domain_server, "proxied-box")
+    created = call(domain_server, "POST", "/sandboxes", {"templateID": "proxied-box"})
+    assert created.status == 201
+    sandbox_id = created.json()["sandboxID"]
+    assert created.json()["domain"] == "sandbox.test" and created.json()["trafficAccessToken"] is None
+    assert call(domain_server, "GET", f"/sandboxes/{sandbox_id}").json()["domain"] == "sandbox.test"
+    port = free_port()
+    (tmp_path / "echo.py").write_text(ECHO_SERVER)
+    connection, stream = _start_in(domain_server, sandbox_id, [sys.executable, str(tmp_path / "echo.py"), str(port)])
+    try:
+        host = f"{port}-{sandbox_id}.sandbox.test"
+        deadline = time.monotonic() + 20
+        while call(domain_server, "GET", "/x", key=None, headers={"Host": host}).status == 502:
+            assert time.monotonic() < deadline, "the server in the sandbox did not come up"
+            time.sleep(0.1)
+        # by Host, no API key needed (public traffic); the hop's own headers stay behind, x-forwarded-* are added
+        answer = call(domain_server, "GET", "/health?q=1", key=KEY, headers={"Host": host.upper() + ":80"})
+        assert answer.status == 200, answer.body  # /health under a proxy host is the sandbox's, not the server's
+        seen = answer.json()
+        assert seen["path"] == "/health?q=1" and seen["headers"]["host"] == f"127.0.0.1:{port}"
+        assert seen["headers"]["x-forwarded-host"] == host.upper() + ":80"
+        assert seen["headers"]["x-forwarded-uri"] == "/health?q=1" and seen["headers"]["x-forwarded-method"] == "GET"
+        assert "x-api-key" not in seen["headers"]
+        # as a forward proxy (absolute form), which is how a client without DNS for the domain reaches it
+        absolute = call(domain_server, "GET", f"http://{host}/via-proxy", key=None, headers={"Host": host})
+        assert absolute.status == 200 and absolute.json()["path"] == "/via-proxy"
+        # the /proxy prefix with the routing headers, prefix stripped
+        routed = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(port)}
+        prefixed = call(domain_server, "GET", "/proxy/under", key=None, headers=routed)
+        assert prefixed.status == 200 and prefixed.json()["path"] == "/under"
+
+        # a port nothing in the sandbox listens on (here: the stand-in's own) is a 502, never another listener
+        own = urlsplit(domain_server).port
+        assert (
+            call(domain_server, "GET", "/", key=None, headers={"Host": f"{own}-{sandbox_id}.sandbox.test"}).status
+            == 502
+        )
+        # a host under the domain that does not parse: 401 without the key, its 400 with it (auth.rs, proxy.rs)
+        bad = {"Host": f"0-{sandbox_id}.sandbox.test"}
+        assert call(domain_server, "GET", "/", key=None, headers=bad).status == 401
+        refused = call(domain_server, "GET", "/", headers=bad)
+        assert refused.status == 400 and refused.json()["message"] == "invalid sandbox data-plane host: port is invalid"
+        nobody = {"Host": f"{port}-00000000-0000-4000-8000-000000000000.sandbox.test"}
+        assert call(domain_server, "GET", "/", key=None, headers=nobody).json()["message"] == "sandbox not found"
+        # the bare domain, or another host, is the control plane
+        assert call(domain_server, "GET", "/sandboxes", headers={"Host": "sandbox.test"}).status == 200
+        assert call(domain_server, "GET", "/health", key=None, headers={"Host": "sandbox.test"}).status == 204
+    finally:
+        assert call(domain_server, "DELETE", f"/sandboxes/{sandbox_id}").status == 204
+        connection.close()
+    assert (
+        call(domain_server, "GET", "/", key=None, headers={"Host": f"{port}-{sandbox_id}.sandbox.test"}).status == 404
+    )
+
+
+def test_without_proxy_domains_a_sandbox_has_no_domain_and_hosts_are_not_routed(server: str) -> None:
+    build(server, "plain-box")
+    created = call(server, "POST", "/sandboxes", {"templateID": "plain-box"}).json()
+    assert created["domain"] is None
+    assert (
+        call(server, "GET", "/health", key=None, headers={"Host": f"8000-{created['sandboxID']}.e2b.app"}).status == 204
+    )
+    refused = call(server, "POST", "/sandboxes", {"templateID": "plain-box", "network": {"allowPublicTraffic": False}})
+    assert refused.status == 400 and "allowPublicTraffic" in refused.json()["message"]
+    assert call(server, "DELETE", f"/sandboxes/{created['sandboxID']}").status == 204
