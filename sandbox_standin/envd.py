@@ -58,7 +58,7 @@ def run_process(box: Sandbox, request: dict[str, Any], deadline: float | None, s
     client went away, say)."""
     spec = request.get("process") or {}
     argv = [str(spec.get("cmd") or "/bin/bash"), *[str(a) for a in spec.get("args") or []]]
-    cwd = box.directory / str(spec.get("cwd") or "").lstrip("/")
+    cwd = box.directory / str(spec.get("cwd") or box.workdir).lstrip("/")
     cwd.mkdir(parents=True, exist_ok=True)
     env = {
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import os
 from pathlib import Path
+from typing import Any
 
 from sandbox_standin.envd import is_uuid
 
@@ -74,6 +75,21 @@ def host_route(raw_host: str | None, domains: list[str]) -> tuple[str, int] | st
             return "invalid sandbox data-plane host: sandbox id is invalid"
         return sandbox_id, int(port)
     return None
+
+
+def header_route(headers: Any) -> tuple[str, int] | str:
+    """The routing headers (proxy.rs:817-860): (sandbox id, port), or the 400 message of what is wrong."""
+    raw_id = headers.get("X-Agentenv-Sandbox-Id") or headers.get("E2b-Sandbox-Id")
+    raw_port = headers.get("X-Agentenv-Target-Port") or headers.get("E2b-Sandbox-Port")
+    if not raw_id:
+        return "missing sandbox routing header"
+    if not is_uuid(raw_id):
+        return "invalid sandbox routing header"
+    if not raw_port:
+        return "missing target port routing header"
+    if not raw_port.isdigit() or int(raw_port) > 65535:
+        return "invalid target port routing header"
+    return raw_id, int(raw_port)
 
 
 def listener_session(port: int) -> int | None:

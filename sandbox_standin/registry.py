@@ -18,6 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from sandbox_standin.build import copy_root, run_steps
+
 ENVD_VERSION = "0.2.0"
 ENVD_PORT = 49983  # the control-plane port inside the VM (AgentENV src/cfg.rs; the SDK's default too)
 
@@ -39,6 +41,9 @@ class Sandbox:
     access_token: str | None  # set when created with `secure: true`; the data plane then requires it
     processes: set[subprocess.Popen[bytes]] = field(default_factory=set)
     expires: float = 0.0  # started + timeout, until set_timeout or a refresh moves it
+    cpu_count: int = 2  # its template's resources
+    memory_mb: int = 1024
+    workdir: str = "/"  # its template's WORKDIR: where a command without `cwd` runs
 
     def __post_init__(self) -> None:
         self.expires = self.expires or self.started + self.timeout
@@ -51,8 +56,8 @@ class Sandbox:
             "clientID": self.client_id,
             "startedAt": _iso(self.started),
             "endAt": _iso(self.expires),
-            "cpuCount": 1,
-            "memoryMB": 512,
+            "cpuCount": self.cpu_count,
+            "memoryMB": self.memory_mb,
             "diskSizeMB": 1024,
             "state": "running",
             "envdVersion": ENVD_VERSION,
@@ -71,6 +76,12 @@ class Template:
     reason: str | None = None
     ready_at: float = 0.0
     log: list[dict[str, str]] = field(default_factory=list)
+    # the resources asked for (resolve_resources, template_helpers.rs:15-32: machine defaults 2 vCPUs, 1024 MiB)
+    cpu_count: int = 2
+    memory_mb: int = 1024
+    root: Path | None = None  # what its build steps made; each sandbox starts from a copy
+    context: dict[str, Any] = field(default_factory=lambda: {"env": {}, "workdir": "/", "user": None})
+    reason_step: str | None = None  # the step a failed build failed at
 
     def current_status(self) -> str:
         if self.status == "building" and time.time() >= self.ready_at:
@@ -104,9 +115,9 @@ class Registry:
 
     # ---- templates ---------------------------------------------------------------------------------------
 
-    def request_template(self, name: str) -> Template:
+    def request_template(self, name: str, cpu_count: int = 2, memory_mb: int = 1024) -> Template:
         with self.lock:
-            template = Template(str(uuid.uuid4()), name)
+            template = Template(str(uuid.uuid4()), name, cpu_count=cpu_count, memory_mb=memory_mb)
             self.templates.setdefault(name, template)  # a name that is new resolves once its build is ready
             self.templates[template.template_id] = template
             return template
@@ -123,19 +134,38 @@ class Registry:
         return found
 
     def start_build(self, template: Template, body: dict[str, Any]) -> None:
-        steps = body.get("steps") or []
+        """Starts the build (its steps run in a thread, as AgentENV spawns them; the status says how it went)."""
         image = body.get("fromImage") or body.get("fromTemplate")
         template.image = str(image) if image else "(the server's default image)"
         template.log.append(_log_entry("info", f"building {template.name} from {template.image}"))
-        if steps:
-            kinds = ", ".join(sorted({str(step.get("type", "?")) for step in steps if isinstance(step, dict)}))
-            template.status = "error"
-            template.reason = (
-                f"sandbox_standin cannot run template build steps ({kinds}): it has no images; "
-                "build from an image alone, or rehearse against a real AgentENV"
-            )
-            return
         template.status = "building"
+        template.ready_at = float("inf")  # until its steps are done
+        threading.Thread(target=self._build, args=(template, body), daemon=True).start()
+
+    def _build(self, template: Template, body: dict[str, Any]) -> None:
+        root = self.root / "templates" / template.template_id
+        base = self.template(str(body.get("fromTemplate") or ""), ready_only=True) if body.get("fromTemplate") else None
+        if body.get("fromTemplate") and base is None:
+            template.status, template.reason = "error", f"template {body['fromTemplate']} not found"
+            return
+        context: dict[str, Any] = {"env": {}, "workdir": "/", "user": None}
+        if base is not None:
+            context = {**base.context, "env": dict(base.context["env"])}
+        try:
+            copy_root(base.root if base is not None else None, root)
+            failed = run_steps(
+                root,
+                list(body.get("steps") or []),
+                context,
+                lambda level, text: template.log.append(_log_entry(level, text)),
+            )
+        except OSError as exc:
+            failed = (f"build failed: {exc.strerror}", "")
+        if failed is not None:
+            template.status, (template.reason, template.reason_step) = "error", failed
+            template.log.append(_log_entry("error", f"{failed[1]}: {failed[0]}"))
+            return
+        template.root, template.context = root, context
         template.ready_at = time.time() + self.build_seconds
         with self.lock:
             self.templates[template.name] = template  # the name now resolves to this build (once ready)
@@ -148,7 +178,8 @@ class Registry:
         sandbox_id = str(uuid.uuid4())
         directory = self.root / "sandboxes" / sandbox_id
         directory.mkdir(parents=True)
-        env_vars = {str(k): str(v) for k, v in (body.get("envVars") or {}).items()}
+        copy_root(template.root, directory)
+        env_vars = {**template.context["env"], **{str(k): str(v) for k, v in (body.get("envVars") or {}).items()}}
         metadata = {str(k): str(v) for k, v in (body.get("metadata") or {}).items()}
         token = secrets.token_hex(16) if body.get("secure") is True else None
         box = Sandbox(
@@ -162,6 +193,9 @@ class Registry:
             time.time(),
             timeout,
             token,
+            cpu_count=template.cpu_count,
+            memory_mb=template.memory_mb,
+            workdir=template.context["workdir"],
         )
         with self.lock:
             self.sandboxes[sandbox_id] = box

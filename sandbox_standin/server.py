@@ -24,8 +24,9 @@ or the e2b SDK (2.45-2.63) where the pipeline and the SDK touch it:
   server-streaming call, JSON codec: the command runs in the sandbox's scratch directory and its output
   streams back as start/data/end events.
 
-Where it cannot copy: a template "build" records the image name and runs no build steps (a build with steps
-ends in status error, saying so), and a "sandbox" is a directory whose commands are processes of this user.
+Where it cannot copy: a template's image is only a recorded name; its build steps run in a directory of this
+host (sandbox_standin/build.py) that its sandboxes start from as a copy; a "sandbox" is a directory whose
+commands are processes of this user, and a port in it is a port of this host (sandbox_standin/proxy.py).
 Nothing here isolates anything.
 """
 
@@ -38,8 +39,9 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sandbox_standin.envd import envelope, is_uuid, read_envelope, run_process
-from sandbox_standin.proxy import forward, host_route, listener_session
+from sandbox_standin.build import check_request, check_steps
+from sandbox_standin.envd import envelope, read_envelope, run_process
+from sandbox_standin.proxy import forward, header_route, host_route, listener_session
 from sandbox_standin.registry import ALIAS, ENVD_PORT, ENVD_VERSION, Registry, Sandbox
 
 MAX_BODY = 16 * 1024 * 1024
@@ -277,12 +279,19 @@ class Handler(BaseHTTPRequestHandler):
         if not name:
             self._error(400, "template name must be provided")
             return
+        if isinstance(name, str) and ":" in name:  # template_helpers.rs:38-49
+            self._error(400, "template name tags are not supported yet")
+            return
         if not isinstance(name, str) or not ALIAS.fullmatch(name):
             self._error(
                 400, f"snapshot alias only supports ASCII letters, digits, hyphens, and underscores, got: {name}"
             )
             return
-        template = self.server.registry.request_template(name)
+        problem, (cpu, memory) = check_request(body)
+        if problem is not None:
+            self._error(400, problem)
+            return
+        template = self.server.registry.request_template(name, cpu, memory)
         ident = template.template_id
         self._send(
             202, {"templateID": ident, "buildID": ident, "public": True, "names": [name], "tags": [], "aliases": [name]}
@@ -296,6 +305,10 @@ class Handler(BaseHTTPRequestHandler):
         template = self.server.registry.template(template_id, ready_only=False)
         if template is None or template.template_id != template_id:
             self._error(404, f"template {template_id} not found")
+            return
+        problem = check_steps(body)  # template_helpers.rs:83-106, 109-228: refused before the build starts
+        if problem is not None:
+            self._error(400, problem)
             return
         self.server.registry.start_build(template, body)
         self._send(202)
@@ -325,7 +338,10 @@ class Handler(BaseHTTPRequestHandler):
             "logEntries": entries,
         }
         if template.reason:
-            answer["reason"] = {"message": template.reason}
+            answer["reason"] = {
+                "message": template.reason,
+                **({"step": template.reason_step} if template.reason_step else {}),
+            }
         self._send(200, answer)
 
     def _alias(self, method: str, parts: list[str], body: dict[str, Any]) -> None:
@@ -368,20 +384,6 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()
 
-    def _header_route(self) -> tuple[str, int] | str:
-        """The routing headers (proxy.rs:817-860): (sandbox id, port), or the 400 message of what is wrong."""
-        raw_id = self.headers.get("X-Agentenv-Sandbox-Id") or self.headers.get("E2b-Sandbox-Id")
-        raw_port = self.headers.get("X-Agentenv-Target-Port") or self.headers.get("E2b-Sandbox-Port")
-        if not raw_id:
-            return "missing sandbox routing header"
-        if not is_uuid(raw_id):
-            return "invalid sandbox routing header"
-        if not raw_port:
-            return "missing target port routing header"
-        if not raw_port.isdigit() or int(raw_port) > 65535:
-            return "invalid target port routing header"
-        return raw_id, int(raw_port)
-
     def _proxy(
         self,
         method: str,
@@ -398,7 +400,7 @@ class Handler(BaseHTTPRequestHandler):
         then gets its 400; a parsed route to an unknown sandbox is 404 "sandbox not found"; the envd port of a
         `secure` sandbox needs its X-Access-Token.
         """
-        routed = by_host if by_host is not None and not prefixed else self._header_route()
+        routed = by_host if by_host is not None and not prefixed else header_route(self.headers)
         if isinstance(routed, str):  # route_for_auth gives None: only the key (or the prefix) lets it through
             if not (prefixed or self._authorized()):
                 self._send(401)

@@ -183,13 +183,108 @@ def test_set_timeout_and_refreshes_move_the_end_as_agentenv_does(server: str) ->
     assert call(server, "DELETE", f"/sandboxes/{sandbox_id}").status == 204
 
 
-def test_a_build_with_steps_is_an_error_status_not_a_silent_success(server: str) -> None:
-    ident = call(server, "POST", "/v3/templates", {"name": "layered"}).json()["templateID"]
-    steps = [{"type": "RUN", "args": ["apt-get install -y git"]}]
+def _wait_built(url: str, ident: str) -> dict[str, Any]:
+    for _ in range(200):
+        status = call(url, "GET", f"/templates/{ident}/builds/{ident}/status").json()
+        if status["status"] in ("ready", "error"):
+            return status
+        time.sleep(0.05)
+    raise AssertionError(f"the build of {ident} did not end")
+
+
+def _output_of(url: str, sandbox_id: str, script: str) -> str:
+    """A command run in the sandbox through envd, without a cwd (its template's WORKDIR); its stdout."""
+    import base64
+
+    connection, stream = _start_in(url, sandbox_id, ["/bin/sh", "-c", script])
+    data = stream.read()
+    connection.close()
+    out, at = b"", 0
+    while at + 5 <= len(data):
+        length = int.from_bytes(data[at + 1 : at + 5], "big")
+        event = json.loads(data[at + 5 : at + 5 + length] or b"{}").get("event", {})
+        out += base64.b64decode(event.get("data", {}).get("stdout", ""))
+        at += 5 + length
+    return out.decode()
+
+
+def test_build_steps_run_in_the_templates_root_and_its_sandboxes_start_from_it(server: str) -> None:
+    requested = call(server, "POST", "/v3/templates", {"name": "layered", "cpuCount": 4, "memoryMB": 2048})
+    ident = requested.json()["templateID"]
+    steps = [
+        {"type": "ENV", "args": ["GREETING", "hello", "OTHER", "x"]},
+        {"type": "WORKDIR", "args": ["/app"]},
+        {"type": "RUN", "args": ["echo $GREETING > made.txt && pwd > where.txt"]},
+        {"type": "USER", "args": ["root"]},
+        {"type": "WORKDIR", "args": ["sub/../sub"]},
+        {"type": "RUN", "args": ["touch here"]},
+    ]
+    started = call(
+        server, "POST", f"/v2/templates/{ident}/builds/{ident}", {"fromImage": "ubuntu:22.04", "steps": steps}
+    )
+    assert started.status == 202, started.body
+    assert _wait_built(server, ident)["status"] == "ready"
+    box = call(server, "POST", "/sandboxes", {"templateID": "layered", "envVars": {"OTHER": "mine"}}).json()
+    try:
+        said = _output_of(server, box["sandboxID"], "cat ../made.txt; ls; echo $GREETING $OTHER; cat ../where.txt")
+        lines = said.splitlines()
+        assert lines[:3] == ["hello", "here", "hello mine"], said  # files, WORKDIR /app/sub, ENV (envVars win)
+        assert lines[3].endswith(f"/templates/{ident}/app")  # the RUN ran in the template's own root
+        described = call(server, "GET", f"/sandboxes/{box['sandboxID']}").json()
+        assert (described["cpuCount"], described["memoryMB"]) == (4, 2048)  # what it was built with
+    finally:
+        call(server, "DELETE", f"/sandboxes/{box['sandboxID']}")
+
+    # a template from that one starts from its root and its context
+    child = call(server, "POST", "/v3/templates", {"name": "layered-child"}).json()["templateID"]
+    body = {
+        "fromTemplate": "layered",
+        "steps": [{"type": "RUN", "args": ["test -f here && echo $GREETING > child.txt"]}],
+    }
+    assert call(server, "POST", f"/v2/templates/{child}/builds/{child}", body).status == 202
+    assert _wait_built(server, child)["status"] == "ready"
+    box = call(server, "POST", "/sandboxes", {"templateID": "layered-child"}).json()
+    assert _output_of(server, box["sandboxID"], "cat child.txt").strip() == "hello"
+    assert call(server, "DELETE", f"/sandboxes/{box['sandboxID']}").status == 204
+
+
+def test_a_failing_build_step_is_the_builds_error_with_the_step(server: str) -> None:
+    ident = call(server, "POST", "/v3/templates", {"name": "broken-layer"}).json()["templateID"]
+    steps = [{"type": "RUN", "args": ["echo out; echo boom >&2; exit 3"]}, {"type": "RUN", "args": ["touch never"]}]
     call(server, "POST", f"/v2/templates/{ident}/builds/{ident}", {"fromImage": "ubuntu:22.04", "steps": steps})
-    status = call(server, "GET", f"/templates/{ident}/builds/{ident}/status").json()
-    assert status["status"] == "error" and "cannot run template build steps (RUN)" in status["reason"]["message"]
-    assert call(server, "POST", "/v2/sandboxes", {"templateID": "layered"}).status == 400
+    status = _wait_built(server, ident)
+    assert status["status"] == "error"
+    assert status["reason"] == {
+        "message": "build step failed: command exited with status 3; stderr: boom",
+        "step": "RUN echo out; echo boom >&2; exit 3",
+    }
+    assert call(server, "POST", "/v2/sandboxes", {"templateID": "broken-layer"}).status == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ({"steps": [{"type": "COPY", "args": ["a", "b"]}]}, "COPY template steps are not supported yet"),
+        ({"steps": [{"type": "RUN", "args": []}]}, "RUN template step requires a command argument"),
+        ({"steps": [{"type": "ENV", "args": ["K"]}]}, "ENV template step requires key/value arguments"),
+        ({"steps": [{"type": "RUN", "args": ["x"], "filesHash": "abc"}]}, "filesHash/COPY support is not implemented"),
+        ({"steps": [{"type": "HEALTHCHECK", "args": ["x"]}]}, "template step type HEALTHCHECK is not supported"),
+        ({"fromImage": "ubuntu", "fromTemplate": "layered"}, "cannot specify both fromImage and fromTemplate"),
+    ],
+)
+def test_a_build_agentenv_refuses_is_a_400_before_it_starts(server: str, body: dict[str, Any], message: str) -> None:
+    ident = call(server, "POST", "/v3/templates", {"name": "refused"}).json()["templateID"]
+    refused = call(server, "POST", f"/v2/templates/{ident}/builds/{ident}", body)
+    assert refused.status == 400 and message in refused.json()["message"], refused.body
+
+
+def test_template_resources_and_names_are_checked_as_agentenv_checks_them(server: str) -> None:
+    zero = call(server, "POST", "/v3/templates", {"name": "tiny", "memoryMB": 0})
+    assert zero.status == 400 and zero.json()["message"] == "cpuCount and memoryMB must be greater than 0"
+    tagged = call(server, "POST", "/v3/templates", {"name": "tpl:v1"})
+    assert tagged.status == 400 and tagged.json()["message"] == "template name tags are not supported yet"
+    tags = call(server, "POST", "/v3/templates", {"name": "tpl", "tags": ["v1"]})
+    assert tags.status == 400 and tags.json()["message"] == "template tags are not supported yet"
 
 
 def test_before_pr_306_v2_sandboxes_is_get_only(old_server: str) -> None:

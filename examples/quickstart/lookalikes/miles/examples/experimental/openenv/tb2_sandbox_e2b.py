@@ -6,9 +6,10 @@ resources), ``ensure_task_template`` (``Template.alias_exists``, else ``Template
 from that alias with the task in their metadata, and the key: E2B_API_KEY, else the file E2B_API_KEY_FILE names
 (default ~/.config/e2b/api_key), passed to every SDK call.
 
-Not kept: upstream adds build layers (a root user, apt packages, uv, the env server); sandbox_standin runs no
-build steps (it has no images), so this look-alike builds each template from the image alone and runs the
-episode as one script instead of starting an env server in the sandbox.
+Not kept (yet): upstream adds build layers (a root user, apt packages, uv, the env server) and reaches an env
+server started in each sandbox through get_host(8000); this look-alike builds each template from the image
+alone and runs the episode as one script. sandbox_standin now runs build steps (in a directory of this host,
+not an image) and proxies `{port}-{id}.{domain}` hosts, so the look-alike can move to upstream's shape.
 """
 
 import hashlib
