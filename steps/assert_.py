@@ -27,6 +27,18 @@ from steps._support.facts import FactQuery
 from steps._support.machine import machine_for
 from steps.base import Command, Probe, SpecModel, StepContext, StepError, StepKind
 
+# prints the modules it does not find, one a line; a broken parent package counts as not found
+FIND_SPECS = (
+    "import importlib.util, sys\n"
+    "for name in sys.argv[1:]:\n"
+    "    try:\n"
+    "        found = importlib.util.find_spec(name) is not None\n"
+    "    except (ImportError, ValueError):\n"
+    "        found = False\n"
+    "    if not found:\n"
+    "        print(name)\n"
+)
+
 
 def version_tuple(text: str) -> tuple[int, ...]:
     match = re.match(r"\d+(\.\d+)*", text.strip())
@@ -50,6 +62,12 @@ class AssertSpec(SpecModel):
         description="Kernel parameters and the lowest value accepted, read from /proc/sys "
         "(e.g. `{kernel.pid_max: 4194304}`): a read, so `plan` shows a failing one.",
     )
+    imports: str | list[str] | None = Field(
+        None,
+        description="Python modules `python` must find (looked up with importlib.util.find_spec, not imported: "
+        "a read, so `plan` shows a missing one), e.g. what a launcher imports before it does anything.",
+    )
+    python: str = Field("python3", description="The interpreter `imports` are looked up with.")
     that: str | bool | None = Field(None, description="A condition (usually a template) that must be true.")
     message: str | None = Field(None, description="The message shown when a check fails: say how to fix it.")
 
@@ -63,8 +81,15 @@ class AssertSpec(SpecModel):
     @model_validator(mode="after")
     def _some_check(self) -> AssertSpec:
         checks = [self.path, self.command, self.kernel, self.file, self.env, self.program, self.sysctl, self.that]
-        if all(c is None for c in checks):
-            raise ValueError("give at least one check: path, command, kernel, file, env, program, sysctl or that")
+        if all(c is None for c in [*checks, self.imports]):
+            raise ValueError(
+                "give at least one check: path, command, kernel, file, env, program, sysctl, imports or that"
+            )
+        for module in [self.imports] if isinstance(self.imports, str) else self.imports or []:
+            if not is_template(module) and not re.fullmatch(
+                r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", module
+            ):
+                raise ValueError(f"imports: {module!r} is not a module name like ray or torch.nn")
         for key in self.sysctl or {}:
             if not re.fullmatch(r"[a-z0-9_]+(\.[a-z0-9_-]+)+", key):
                 raise ValueError(f"sysctl: {key!r} is not a kernel parameter name like kernel.pid_max")
@@ -133,6 +158,8 @@ class AssertStep(StepKind[AssertSpec]):
                 failures.append(f"condition is false: {spec.that!r}")
             elif word not in TRUE_WORDS:
                 failures.append(f"condition is neither true nor false: {spec.that!r}")
+        if spec.imports is not None:
+            failures += self._missing_modules(ctx, machine)
         if spec.command is not None and run_commands:
             try:
                 result = machine.run(ctx, spec.command)
@@ -142,6 +169,22 @@ class AssertStep(StepKind[AssertSpec]):
                 if result.returncode != 0:
                     failures.append(f"`{one_line(spec.command)}` exited with code {result.returncode}{where}")
         return failures
+
+    def _missing_modules(self, ctx: StepContext, machine: Any) -> list[str]:
+        modules = [self.spec.imports] if isinstance(self.spec.imports, str) else list(self.spec.imports or [])
+        try:
+            found = machine.run(ctx, [self.spec.python, "-c", FIND_SPECS, *modules], quiet=True)
+        except StepError as exc:
+            return [f"cannot run {self.spec.python}{machine.where}: {exc.message}"]
+        if found.returncode == 127 or (found.returncode != 0 and not found.stdout.strip()):
+            return [f"{self.spec.python} does not run{machine.where} (exit {found.returncode})"]
+        missing = [line for line in found.stdout.split() if line]
+        if not missing:
+            return []
+        return [
+            f"{self.spec.python}{machine.where} does not find {', '.join(missing)}: install them into it, or point "
+            "`python` at the interpreter that has them"
+        ]
 
     def probe(self, ctx: StepContext) -> Probe:
         # A command check cannot be probed without running it: the check itself is the probe.

@@ -128,3 +128,34 @@ def test_ip_address_test_refuses_host_names(project: Project) -> None:
         line = project.run("plan", "--var", f"server={given}").out.splitlines()[0]
         assert line.startswith("x fail") and f"server must be an IP address ('{given}')" in line, line
     assert project.run("plan", "--var", "server=::1").out.startswith("+ run")
+
+
+def test_imports_are_looked_up_in_the_named_interpreter_and_plan_shows_a_missing_one(project: Project) -> None:
+    import sys
+
+    project.write(
+        f"""
+        vars: {{python: {sys.executable}}}
+        steps:
+          - name: runtime
+            assert:
+              python: "{{{{ vars.python }}}}"
+              imports: [json, email.mime, no_such_module_r1, no_such_pkg_r2.sub]
+              message: not a training environment
+          - name: after
+            run: "echo after >> after.count"
+        """
+    )
+    plan = project.run("plan")
+    assert plan.code == 2
+    line = next(line for line in plan.out.splitlines() if "runtime" in line)
+    assert line.startswith("x fail") and "not a training environment" in line, plan.out
+    assert "does not find no_such_module_r1, no_such_pkg_r2.sub" in line and "json" not in line.split("find")[1]
+    applied = project.run("apply", "--keep-going")
+    assert applied.code == 1 and "does not find no_such_module_r1" in applied.out and project.count("after.count") == 0
+    gone = project.run("plan", "--var", "python=/nonexistent/python3")
+    assert "cannot run /nonexistent/python3" in gone.out, gone.out
+    project.write(
+        project.path.joinpath("pipeline.yaml").read_text().replace(", no_such_module_r1, no_such_pkg_r2.sub", "")
+    )
+    assert project.run("apply").code == 0 and project.count("after.count") == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import platform
@@ -35,6 +36,7 @@ STEPS = [
     "tbench2_env_recent",
     "data",
     "gpus",
+    "train_env",
     "train",
 ]
 # What docker-setup.sh writes (AgentENV scripts/docker-setup.sh, docs/upstream.md), as host_sysctls checks it.
@@ -71,6 +73,7 @@ def host_failures() -> dict[str, bool]:
         "ublk": not os.path.exists("/sys/module/ublk_drv"),
         "host_sysctls": sysctl_low(),
         "gpus": shutil.which("nvidia-smi") is None,
+        "train_env": not all(importlib.util.find_spec(m) for m in ("typer", "ray", "httpx", "pydantic", "torch")),
     }
 
 
@@ -132,10 +135,14 @@ def test_flagship_plans_without_docker_and_names_the_failing_prerequisites(tmp_p
         assert "docker-setup.sh" in lines["host_sysctls"][1] and "below" in lines["host_sysctls"][1]
     if failures["gpus"]:
         assert "nvidia-smi is not on PATH" in lines["gpus"][1]
+    if failures["train_env"]:  # what the launcher imports, looked up in the training interpreter
+        assert (
+            "is not a Miles training environment" in lines["train_env"][1] and "does not find" in lines["train_env"][1]
+        )
     assert lines["host_setup"][0] == "skip"  # it changes the host: only with --var setup_host=true
     container_blocked = any(failures[name] for name in AGENTENV_PREREQUISITES if name in failures)
     for name in NEEDS_THE_CONTAINER:
-        blocked = container_blocked or (name == "train" and failures["gpus"])
+        blocked = container_blocked or (name == "train" and (failures["gpus"] or failures["train_env"]))
         assert (lines[name][0] == "block") == blocked, lines[name][1]
         if blocked:
             assert "blocked: " in lines[name][1] and "would fail" in lines[name][1]
