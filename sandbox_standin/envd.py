@@ -5,8 +5,12 @@ server-streaming call whose start/data/end events carry the command's output (e2
 from __future__ import annotations
 
 import base64
+import contextlib
+import email.parser
+import email.policy
 import json
 import os
+import posixpath
 import queue
 import signal
 import struct
@@ -15,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from sandbox_standin.registry import Sandbox, kill_group
@@ -94,6 +99,25 @@ def run_process(box: Sandbox, request: dict[str, Any], deadline: float | None, s
         box.processes.discard(proc)
 
 
+def send_signal(box: Sandbox, body: bytes) -> tuple[int, bytes]:
+    """``process.Process/SendSignal``, a Connect unary call (JSON): SIGTERM or SIGKILL to a command this sandbox
+    runs, by pid (process.proto: SendSignalRequest, Signal); an unknown pid is Connect's not_found (HTTP 404),
+    which the SDK's kill takes as "not found" (e2b envd/rpc.py kill_process)."""
+    try:
+        request = json.loads(body or b"{}")
+        pid = int(request.get("process", {}).get("pid"))
+    except (ValueError, TypeError, AttributeError):
+        return 400, json.dumps({"code": "invalid_argument", "message": "a SendSignalRequest with a pid"}).encode()
+    named = request.get("signal")
+    sig = signal.SIGKILL if named in ("SIGNAL_SIGKILL", 9) else signal.SIGTERM
+    for proc in list(box.processes):
+        if proc.pid == pid and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, sig)  # its session's group: the command and what it started
+            return 200, b"{}"
+    return 404, json.dumps({"code": "not_found", "message": f"process with pid {pid} not found"}).encode()
+
+
 def _pump(proc: subprocess.Popen[bytes], deadline: float | None, send: Send) -> dict[str, str] | None:
     events: queue.Queue[tuple[str, bytes]] = queue.Queue()
 
@@ -127,3 +151,67 @@ def _pump(proc: subprocess.Popen[bytes], deadline: float | None, send: Send) -> 
     end = {"exitCode": code if code >= 0 else -1, "exited": code >= 0, "status": status}
     send({"event": {"end": end}})
     return None
+
+
+# ---- envd's files API (GET/POST /files): e2b's envd, which AgentENV runs in each VM (thirdparty/envd) ----------
+
+
+def sandbox_path(box: Sandbox, path: str, username: str | None) -> tuple[str, Path]:
+    """A path as envd resolves it (FilesApi.md: relative to the user's home, `~/file.txt`), and where that is
+    in the stand-in sandbox's directory. `..` cannot climb out of it."""
+    user = username or "user"
+    home = "/root" if user == "root" else f"/home/{user}"
+    absolute = posixpath.normpath(path if path.startswith("/") else posixpath.join(home, path))
+    return absolute, box.directory / absolute.lstrip("/")
+
+
+def read_file(box: Sandbox, query: dict[str, str]) -> tuple[int, bytes, str]:
+    """GET /files?path=&username=: the file's bytes (application/octet-stream), or envd's error JSON."""
+    if not query.get("path"):
+        return _files_error(400, "path is required")
+    shown, where = sandbox_path(box, query["path"], query.get("username"))
+    if where.is_dir():
+        return _files_error(400, f"path '{shown}' is a directory")
+    try:
+        return 200, where.read_bytes(), "application/octet-stream"
+    except FileNotFoundError:
+        return _files_error(404, f"path '{shown}' does not exist")
+    except OSError as exc:
+        return _files_error(500, f"cannot read '{shown}': {exc.strerror}")
+
+
+def write_files(box: Sandbox, query: dict[str, str], content_type: str, body: bytes) -> tuple[int, bytes, str]:
+    """POST /files?path=&username=: a multipart/form-data `file` part (the SDK's default for str and bytes) or an
+    application/octet-stream body, written over any file there, its parent directories made; the EntryInfo
+    list (path, name, type) as JSON."""
+    uploads: list[tuple[str, bytes]] = []
+    if content_type.startswith("multipart/form-data"):
+        message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+            f"Content-Type: {content_type}\r\n\r\n".encode() + body
+        )
+        for part in message.iter_parts():
+            name = part.get_filename() or ""
+            data = part.get_payload(decode=True)
+            uploads.append((query.get("path") or name, data if isinstance(data, bytes) else b""))
+    else:
+        uploads.append((query.get("path", ""), body))
+    written = []
+    for path, data in uploads:
+        if not path:
+            return _files_error(400, "path is required")
+        shown, where = sandbox_path(box, path, query.get("username"))
+        try:
+            where.parent.mkdir(parents=True, exist_ok=True)
+            partial = where.with_name(f".{where.name}.upload")
+            partial.write_bytes(data)
+            os.replace(partial, where)
+        except IsADirectoryError:
+            return _files_error(400, f"path '{shown}' is a directory")
+        except OSError as exc:
+            return _files_error(500, f"cannot write '{shown}': {exc.strerror}")
+        written.append({"path": shown, "name": posixpath.basename(shown), "type": "file"})
+    return 200, json.dumps(written).encode(), "application/json"
+
+
+def _files_error(status: int, message: str) -> tuple[int, bytes, str]:
+    return status, json.dumps({"code": status, "message": message}).encode(), "application/json"

@@ -21,13 +21,13 @@ or the e2b SDK (2.45-2.63) where the pipeline and the SDK touch it:
   only with the API key and then gets 400 naming the header; else 401. A parsed route to an unknown sandbox is
   404 "sandbox not found"; the envd port (49983) of a sandbox created with ``secure: true`` (e2b < 2.51 sends
   that; newer SDKs do not) needs its ``X-Access-Token``. ``POST /process.Process/Start`` is a Connect
-  server-streaming call, JSON codec: the command runs in the sandbox's scratch directory and its output
-  streams back as start/data/end events.
+  server-streaming call, JSON codec: the command runs in the sandbox's directory and its output streams back
+  as start/data/end events; ``GET``/``POST /files`` read and write its files (envd's files API). With
+  ``--proxy-domains``, a ``{port}-{id}.{domain}`` host reaches that port in that sandbox (proxy.py).
 
-Where it cannot copy: a template's image is only a recorded name; its build steps run in a directory of this
-host (sandbox_standin/build.py) that its sandboxes start from as a copy; a "sandbox" is a directory whose
-commands are processes of this user, and a port in it is a port of this host (sandbox_standin/proxy.py).
-Nothing here isolates anything.
+Where it cannot copy: a template's image is only a name; its build steps run in a directory of this host
+(build.py) that its sandboxes start from as copies; a sandbox's commands are processes of this user and its
+ports are this host's. Nothing here isolates anything.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ import hmac
 import json
 import sys
 import time
+import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from sandbox_standin.build import check_request, check_steps
-from sandbox_standin.envd import envelope, read_envelope, run_process
+from sandbox_standin.envd import envelope, read_envelope, read_file, run_process, send_signal, write_files
 from sandbox_standin.proxy import forward, header_route, host_route, listener_session
 from sandbox_standin.registry import ALIAS, ENVD_PORT, ENVD_VERSION, Registry, Sandbox
 
@@ -114,8 +115,6 @@ class Handler(BaseHTTPRequestHandler):
         """A data-plane request: a routing header on a path that is not a control-plane route (proxy.rs)."""
         routed = self.headers.get("E2b-Sandbox-Id") or self.headers.get("X-Agentenv-Sandbox-Id")
         return bool(routed) and not route_known
-
-    # ---- routes ----------------------------------------------------------------------------------------
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -394,12 +393,9 @@ class Handler(BaseHTTPRequestHandler):
         prefixed: bool,
         host: str | None,
     ) -> None:
-        """A data-plane request, authorised as require_auth does (auth.rs:65-109), routed as proxy.rs: by Host
-        (sandbox_proxy_classifier, 193-239), by the /proxy prefix (245-257, the prefix stripped) or by the routing
-        headers (fallback, 259-285). A route that does not parse passes only with the API key (or the prefix) and
-        then gets its 400; a parsed route to an unknown sandbox is 404 "sandbox not found"; the envd port of a
-        `secure` sandbox needs its X-Access-Token.
-        """
+        """A data-plane request, authorised as require_auth does (auth.rs:65-109) and routed as proxy.rs does: by
+        Host (193-239), by the /proxy prefix (245-257, stripped) or by the routing headers (259-285); see the
+        module's docstring and docs/upstream.md for what each refusal is."""
         routed = by_host if by_host is not None and not prefixed else header_route(self.headers)
         if isinstance(routed, str):  # route_for_auth gives None: only the key (or the prefix) lets it through
             if not (prefixed or self._authorized()):
@@ -429,6 +425,16 @@ class Handler(BaseHTTPRequestHandler):
                 return
             self._process_start(box, request)
             return
+        if method == "POST" and path.removeprefix("/proxy") == "/process.Process/SendSignal":
+            status, data = send_signal(box, body)
+            self._reply(status, data, [("Content-Type", "application/json")])
+            return
+        if path.removeprefix("/proxy") == "/files" and method in ("GET", "POST"):
+            query = dict(urllib.parse.parse_qsl(target.partition("?")[2]))
+            kind = self.headers.get("Content-Type", "")
+            status, data, kind = read_file(box, query) if method == "GET" else write_files(box, query, kind, body)
+            self._reply(status, data, [("Content-Type", kind)])
+            return
         self._send(501, {"code": "unimplemented", "message": f"{method} {path} is not in the stand-in"})
 
     def _forward(self, box: Sandbox, method: str, port: int, path: str, body: bytes, host: str | None) -> None:
@@ -450,13 +456,14 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             self._send(502)
             return
+        self._reply(status, data if method != "HEAD" else b"", headers, len(data))
+
+    def _reply(self, status: int, data: bytes, headers: list[tuple[str, str]], length: int | None = None) -> None:
         self.send_response(status)
-        for key, value in headers:
+        for key, value in [*headers, ("Content-Length", str(len(data) if length is None else length))]:
             self.send_header(key, value)
-        self.send_header("Content-Length", str(len(data)))
         self.end_headers()
-        if method != "HEAD":
-            self.wfile.write(data)
+        self.wfile.write(data)
 
     def _process_start(self, box: Sandbox, request: dict[str, Any]) -> None:
         deadline_ms = self.headers.get("Connect-Timeout-Ms")

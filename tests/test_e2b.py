@@ -234,3 +234,70 @@ def test_the_sdk_version_in_the_fingerprint_is_what_importlib_metadata_says(
     (dist / "METADATA").write_text("Metadata-Version: 2.4\nName: e2b\nVersion: 9.8.7rc1\n\nVersion: 0.0 (the body)\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert _own_sdk_version() == metadata.version("e2b") == "9.8.7rc1"
+
+
+# What Miles' tb2_sandbox_e2b.py does with a task (radixark/miles 31f1ca96; docs/upstream.md): a template built
+# as root with layers, a sandbox from its alias with the launcher's metadata, an env server started in the
+# background as root, reached at http://{get_host(port)} through the server's proxy domain, a keepalive with
+# set_timeout, and the server and sandbox killed. Plus the files API the SDK offers beside it.
+MILES_SEQUENCE = """
+import json, os, sys, time, urllib.request
+from e2b import Sandbox, Template
+
+port, python = int(sys.argv[1]), sys.argv[2]
+template = (
+    Template().from_image("ubuntu:22.04").set_user("root")
+    .run_cmd("mkdir -p app && echo layered > app/layer.txt").set_workdir("/app").set_envs({"GREETING": "hi"})
+)
+Template.build(template, alias="tb2-task-0123456789ab", cpu_count=2, memory_mb=4096)
+said = {"alias": Template.alias_exists("tb2-task-0123456789ab")}
+box = Sandbox.create("tb2-task-0123456789ab", metadata={"openenv-launcher": "tbench2", "task": "t1"}, timeout=60)
+said["host"] = box.get_host(port)
+said["run"] = box.commands.run("cat layer.txt; echo $GREETING; pwd", user="root").stdout
+box.files.write("/app/note.txt", "written by the sdk")
+said["read"] = box.files.read("/app/note.txt")
+server = box.commands.run(f"{python} -m http.server {port} --bind 127.0.0.1", background=True, user="root")
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": os.environ["E2B_API_URL"]}))
+for _ in range(100):
+    try:
+        with opener.open(f"http://{box.get_host(port)}/note.txt", timeout=2) as answer:
+            said["health"] = [answer.status, answer.read().decode()]
+            break
+    except OSError:
+        time.sleep(0.1)
+before = box.get_info().end_at
+box.set_timeout(600)
+said["extended"] = (box.get_info().end_at - before).total_seconds()
+said["info"] = {"memory": box.get_info().memory_mb, "metadata": box.get_info().metadata}
+server.kill()
+box.kill()
+print(json.dumps(said))
+"""
+
+
+def test_miles_sandbox_sequence_runs_against_the_standin_as_against_agentenv(tmp_path: Path) -> None:
+    import subprocess
+
+    script = tmp_path / "sequence.py"
+    script.write_text(MILES_SEQUENCE)
+    with standin(tmp_path, KEY, "--proxy-domains", "standin.test") as url:
+        env = {**os.environ, "E2B_API_KEY": KEY, "E2B_API_URL": url, "E2B_SANDBOX_URL": url}
+        env.pop("E2B_DEBUG", None)
+        port = free_port()
+        done = subprocess.run(
+            [sys.executable, str(script), str(port), sys.executable],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    assert said["alias"] is True
+    assert said["host"].startswith(f"{port}-") and said["host"].endswith(".standin.test")  # the server's domain
+    ran = said["run"].splitlines()
+    assert ran[:2] == ["layered", "hi"] and ran[2].endswith("/app")  # layers, ENV and WORKDIR reach the sandbox
+    assert said["read"] == "written by the sdk"
+    assert said["health"] == [200, "written by the sdk"]  # through the proxy, into the sandbox's own server
+    assert said["extended"] > 400  # set_timeout moved the end from ~60 s out to ~600 s
+    assert said["info"] == {"memory": 4096, "metadata": {"openenv-launcher": "tbench2", "task": "t1"}}
