@@ -10,9 +10,12 @@ import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.harness import Harness
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -163,6 +166,18 @@ def nothing_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
             pass
     if left and request.node.stash.get(_PASSED, False):
         pytest.fail(f"left running in {root}: " + "; ".join(f"{pid} {argv}" for pid, argv in left.items()))
+
+
+@pytest.fixture
+def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    """The CLI in process (tests/harness.py) in tmp_path, with the fake kind `fake` registered and its world empty."""
+    from steps import KINDS
+    from tests.harness import WORLD, Harness
+
+    monkeypatch.setitem(KINDS, "fake", "tests.harness:FakeStep")
+    WORLD.reset()
+    yield Harness(tmp_path)
+    WORLD.reset()
 
 
 @pytest.fixture

@@ -4,24 +4,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import Project
 from tests.harness import WORLD, Harness
-
-
-@pytest.fixture
-def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    from steps import KINDS
-
-    monkeypatch.setitem(KINDS, "fake", "tests.harness:FakeStep")
-    WORLD.reset()
-    yield Harness(tmp_path)
-    WORLD.reset()
-
 
 PREP_COUNT_TRAIN = """
     steps:

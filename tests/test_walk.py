@@ -5,8 +5,6 @@ with fake kinds whose system is a dict. No subprocess."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -22,16 +20,6 @@ AGREES = {
     "pending": {"pending"},
     "maybe": {"ok", "changed"},
 }
-
-
-@pytest.fixture
-def runner(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
-    from steps import KINDS
-
-    monkeypatch.setitem(KINDS, "fake", "tests.harness:FakeStep")
-    WORLD.reset()
-    yield Harness(tmp_path)
-    WORLD.reset()
 
 
 def plan_then_apply(runner: Harness, *apply_args: str) -> tuple[dict[str, str], dict[str, dict[str, object]], int, int]:
