@@ -74,11 +74,14 @@ class StateStore:
         self._entries = entries
         return self
 
-    def _read_snapshot(self) -> dict[str, Any]:
+    def _read_snapshot(self, again: bool = True) -> dict[str, Any]:
         try:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError:
             good = read_backup(self.backup)
+            if good is not None and again and self.path.exists():
+                # a first snapshot written (it, then its backup) between the two reads: read it
+                return self._read_snapshot(again=False)
             if good is not None:
                 # state.json is never removed once written (replaced whole, compacted, never unlinked): gone
                 # beside a good backup, it was taken away, and starting over would run every done step again
