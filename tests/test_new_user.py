@@ -380,22 +380,28 @@ def test_init_writes_a_starter_that_validates_applies_and_converges(runner: Harn
     assert runner("init", "--force").code == 0 and (runner.path / "pipeline.yaml").read_text() == text
 
 
-def test_bash_completion_offers_commands_options_steps_and_items(tmp_path: Path) -> None:
-    import os
+def _completing(tmp_path: Path) -> dict[str, str]:
+    """A pipeline with a for_each step in tmp_path, and an environment whose `runner` (what the completion
+    scripts call) is this checkout's."""
     import shlex
-    import subprocess
     import sys
 
     from tests.conftest import ROOT
 
-    project = Project(tmp_path)
-    project.write(PREP_COUNT_TRAIN.replace("{{ vars.items }}", "alpha,beta"))
-    project.write("steps:\n  - name: other_one\n    run: {command: 'true'}\n", name="other.yaml")
+    Project(tmp_path).write(PREP_COUNT_TRAIN.replace("{{ vars.items }}", "alpha,beta"))
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     (bin_dir / "runner").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m runner "$@"\n')
     (bin_dir / "runner").chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
+
+
+def test_bash_completion_offers_commands_options_steps_and_items(tmp_path: Path) -> None:
+    import shlex
+    import subprocess
+
+    env = _completing(tmp_path)
+    Project(tmp_path).write("steps:\n  - name: other_one\n    run: {command: 'true'}\n", name="other.yaml")
 
     def complete(*words: str) -> list[str]:
         script = 'eval "$(runner completion bash)"\n'
@@ -438,19 +444,10 @@ def _shell(name: str) -> str:
 def test_fish_completion_offers_commands_steps_and_items(tmp_path: Path) -> None:
     import shlex
     import subprocess
-    import sys
-
-    from tests.conftest import ROOT
 
     fish = _shell("fish")
-    project = Project(tmp_path)
-    project.write(PREP_COUNT_TRAIN.replace("{{ vars.items }}", "alpha,beta"))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "runner").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m runner "$@"\n')
-    (bin_dir / "runner").chmod(0o755)
+    env = _completing(tmp_path)
     (tmp_path / "runner.fish").write_text(Harness(tmp_path)("completion", "fish").out)
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
 
     def complete(line: str) -> list[str]:
         script = f"source runner.fish; complete -C {shlex.quote(line)}"
@@ -468,21 +465,12 @@ def test_the_zsh_script_parses_and_offers_commands_steps_and_options(tmp_path: P
     """Its function run with compadd stubbed to print what it is given (zsh filters by the prefix itself)."""
     import shlex
     import subprocess
-    import sys
-
-    from tests.conftest import ROOT
 
     zsh = _shell("zsh")
-    project = Project(tmp_path)
-    project.write(PREP_COUNT_TRAIN.replace("{{ vars.items }}", "alpha,beta"))
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "runner").write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m runner "$@"\n')
-    (bin_dir / "runner").chmod(0o755)
+    env = _completing(tmp_path)
     (tmp_path / "_runner").write_text(Harness(tmp_path)("completion", "zsh").out)
     checked = subprocess.run([zsh, "-n", str(tmp_path / "_runner")], capture_output=True, text=True, timeout=30)
     assert checked.returncode == 0, checked.stderr
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT)}
     stubs = 'compdef() { :; }; compadd() { local a; for a in "$@"; do [[ $a == -* ]] || print -r -- ${(P)a}; done; }'
 
     def offered(*words: str) -> str:
