@@ -9,8 +9,10 @@ any other port is refused, so one sandbox can never be reached through another's
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import os
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -148,3 +150,75 @@ def forward(
         return response.status, kept, data
     finally:
         connection.close()
+
+
+def is_websocket_upgrade(headers: list[tuple[str, str]]) -> bool:
+    """is_websocket_upgrade_request (proxy.rs:1031-1043): Connection has `upgrade`, Upgrade has `websocket`."""
+
+    def has(name: str, token: str) -> bool:
+        return any(part.strip().lower() == token for k, v in headers if k.lower() == name for part in v.split(","))
+
+    return has("connection", "upgrade") and has("upgrade", "websocket")
+
+
+def tunnel_websocket(
+    client: socket.socket,
+    pending: bytes,
+    path: str,
+    port: int,
+    headers: list[tuple[str, str]],
+    original_host: str | None,
+) -> bytes | None:
+    """A WebSocket upgrade carried to 127.0.0.1:port. AgentENV ends the handshake on both sides and bridges the
+    messages (proxy.rs:593-700, x-forwarded-proto `ws`); relaying the bytes of the client's own handshake gives
+    the client the same: the upstream's 101 and then its frames. Returns the upstream's answer when it refused
+    the upgrade (sent back as it is, map_websocket_handshake_rejection_response), else None once either side
+    closed. OSError when the port does not answer (502), TimeoutError when it does not answer in time (504)."""
+    kept = [(k, v) for k, v in headers if k.lower() not in DROPPED - {"connection", "upgrade"}]
+    kept = [(k, v) for k, v in kept if not k.lower().startswith("x-forwarded-")]
+    if original_host:
+        kept.append(("X-Forwarded-Host", original_host))
+    kept += [("X-Forwarded-Proto", "ws"), ("X-Forwarded-Method", "GET"), ("X-Forwarded-Uri", path)]
+    kept.append(("Host", f"127.0.0.1:{port}"))
+    upstream = socket.create_connection(("127.0.0.1", port), timeout=5.0)  # PROXY_CONNECT_TIMEOUT
+    try:
+        head = f"GET {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in kept) + "\r\n"
+        upstream.sendall(head.encode("latin-1"))
+        upstream.settimeout(UPSTREAM_TIMEOUT)
+        answer = b""
+        while b"\r\n\r\n" not in answer:
+            chunk = upstream.recv(65536)
+            if not chunk:
+                raise OSError("the upstream closed during the handshake")
+            answer += chunk
+        status = answer.split(b" ", 2)[1] if answer.startswith(b"HTTP/") else b""
+        if status != b"101":
+            return answer
+        client.sendall(answer)
+        if pending:
+            upstream.sendall(pending)
+        upstream.settimeout(None)
+        _pipe(client, upstream)
+        return None
+    finally:
+        upstream.close()
+
+
+def _pipe(a: socket.socket, b: socket.socket) -> None:
+    """Bytes both ways until either side closes."""
+    import threading
+
+    def copy(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                target.sendall(chunk)
+        except OSError:
+            pass
+        for sock in (source, target):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    back = threading.Thread(target=copy, args=(b, a), daemon=True)
+    back.start()
+    copy(a, b)
+    back.join(timeout=5)

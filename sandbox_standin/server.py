@@ -1,33 +1,20 @@
 """The E2B-compatible stand-in server: control plane, Connect-RPC process data plane, health.
 
-Every behaviour here copies AgentENV (kvcache-ai/AgentENV at e3dcc6a, the source is cited in docs/upstream.md)
-or the e2b SDK (2.45-2.63) where the pipeline and the SDK touch it:
+Every behaviour here copies AgentENV (kvcache-ai/AgentENV at e3dcc6a) or the e2b SDK (2.45-2.63) where the
+pipeline and the SDK touch it; docs/upstream.md cites each one (path:line) and the test that pins it:
 
-- ``GET /health`` -> 204, no auth. Every other path needs exactly one ``X-API-Key`` header with the server's
-  key, checked before routing: wrong, missing or doubled -> 401 with an empty body (src/api/impls/auth.rs).
-- No templates until one is made. ``POST /v3/templates {name}`` -> 202 (templateID = buildID), then
-  ``POST /v2/templates/{id}/builds/{id} {fromImage}`` -> 202 starts the build, polled with
-  ``GET /templates/{id}/builds/{id}/status`` (building -> ready); ``GET /templates/aliases/{name}`` -> 200 or 404
-  (what the e2b SDK's ``Template.build`` and ``Template.alias_exists`` call, and what ``aenv pull`` does).
-- ``POST /sandboxes`` -> 201; an unknown template -> 400 "template X not found" (src/api/impls/sandbox.rs).
-  ``POST /v2/sandboxes`` (SDK >= 2.51) -> 201 as well, except with ``--v1-only``: images before AgentENV PR #306
-  route ``/v2/sandboxes`` for GET only, so POST gets axum's 405 (empty body, ``Allow: GET,HEAD``).
-- ``GET /sandboxes`` and ``GET /v2/sandboxes`` list the running ones; ``DELETE /sandboxes/{id}`` -> 204, unknown
-  -> 404 "sandbox X not found"; ``POST /sandboxes/{id}/timeout`` (set_timeout: the end moves to now + timeout,
-  shorter too) and ``/refreshes`` (only ever extends, by at most 3600 s) -> 204; any other path -> 404 "route not
-  found: METHOD PATH".
-- The data plane: a request with ``E2b-Sandbox-Id`` (or ``X-Agentenv-Sandbox-Id``) on a path that is not a
-  control-plane route is a proxy request. A route that does not parse (no port, an id that is not a UUID) passes
-  only with the API key and then gets 400 naming the header; else 401. A parsed route to an unknown sandbox is
-  404 "sandbox not found"; the envd port (49983) of a sandbox created with ``secure: true`` (e2b < 2.51 sends
-  that; newer SDKs do not) needs its ``X-Access-Token``. ``POST /process.Process/Start`` is a Connect
-  server-streaming call, JSON codec: the command runs in the sandbox's directory and its output streams back
-  as start/data/end events; ``GET``/``POST /files`` read and write its files (envd's files API). With
-  ``--proxy-domains``, a ``{port}-{id}.{domain}`` host reaches that port in that sandbox (proxy.py).
+- ``GET /health`` -> 204 without a key; every other path needs exactly one valid ``X-API-Key`` (else 401).
+- Templates: ``POST /v3/templates``, ``POST /v2/templates/{id}/builds/{id}`` (steps: build.py), the build's
+  status, ``GET /templates/aliases/{name}``; sandboxes: ``POST /sandboxes`` and ``/v2/sandboxes`` (GET only
+  with ``--v1-only``, as before AgentENV PR #306), list, get, delete, ``/timeout``, ``/refreshes``; any other
+  path -> 404 "route not found: METHOD PATH".
+- The data plane (proxy.py): routed by header, by the ``/proxy`` prefix or, with ``--proxy-domains``, by a
+  ``{port}-{id}.{domain}`` host; envd's ``process.Process/Start`` (a Connect stream) and ``/SendSignal``, and
+  its files API; any other port in the sandbox is forwarded, HTTP and WebSocket.
 
-Where it cannot copy: a template's image is only a name; its build steps run in a directory of this host
-(build.py) that its sandboxes start from as copies; a sandbox's commands are processes of this user and its
-ports are this host's. Nothing here isolates anything.
+Where it cannot copy: a template's image is only a name; its build steps run in a directory of this host that
+its sandboxes start from as copies; a sandbox's commands are processes of this user and its ports are this
+host's. Nothing here isolates anything.
 """
 
 from __future__ import annotations
@@ -40,9 +27,9 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from sandbox_standin import proxy
 from sandbox_standin.build import check_request, check_steps
 from sandbox_standin.envd import envelope, read_envelope, read_file, run_process, send_signal, write_files
-from sandbox_standin.proxy import forward, header_route, host_route, listener_session
 from sandbox_standin.registry import ALIAS, ENVD_PORT, ENVD_VERSION, Registry, Sandbox
 
 MAX_BODY = 16 * 1024 * 1024
@@ -140,7 +127,7 @@ class Handler(BaseHTTPRequestHandler):
         # not), or a routing header on a path that is no control-plane route; such a request never takes the
         # /health bypass (auth.rs:51-54)
         host = self.headers.get("Host") or self.path.removeprefix("http://").partition("/")[0]
-        by_host = host_route(host, self.server.proxy_domains)
+        by_host = proxy.host_route(host, self.server.proxy_domains)
         prefixed = path == "/proxy" or path.startswith("/proxy/")
         proxied = prefixed or by_host is not None or self._is_proxy_request(route is not None)
         if path == "/health" and not proxied:
@@ -396,7 +383,7 @@ class Handler(BaseHTTPRequestHandler):
         """A data-plane request, authorised as require_auth does (auth.rs:65-109) and routed as proxy.rs does: by
         Host (193-239), by the /proxy prefix (245-257, stripped) or by the routing headers (259-285); see the
         module's docstring and docs/upstream.md for what each refusal is."""
-        routed = by_host if by_host is not None and not prefixed else header_route(self.headers)
+        routed = by_host if by_host is not None and not prefixed else proxy.header_route(self.headers)
         if isinstance(routed, str):  # route_for_auth gives None: only the key (or the prefix) lets it through
             if not (prefixed or self._authorized()):
                 self._send(401)
@@ -439,17 +426,22 @@ class Handler(BaseHTTPRequestHandler):
 
     def _forward(self, box: Sandbox, method: str, port: int, path: str, body: bytes, host: str | None) -> None:
         """To a port served inside the sandbox: here, a port on this host whose listener that sandbox started."""
-        owner = listener_session(port)
+        owner = proxy.listener_session(port)
         if owner is None or owner not in {proc.pid for proc in box.processes}:
             # AgentENV answers 502 when nothing in the sandbox takes the connection (proxy.rs:504-511)
             self._error(502, f"nothing in sandbox {box.sandbox_id} listens on port {port}")
             return
-        # what only the hop to the stand-in carries stays here: a valid API key (auth.rs:78-80) and the envd token,
-        # which is not this port's (auth.rs:106-108)
+        # a valid API key (auth.rs:78-80) and the envd token (not this port's, auth.rs:106-108) stay here
         dropped = {"x-access-token", *({"x-api-key"} if self._authorized() else set())}
         sent = [(k, v) for k, v in self.headers.items() if k.lower() not in dropped]
         try:
-            status, headers, data = forward(method, path, port, sent, body, host)
+            if method == "GET" and proxy.is_websocket_upgrade(sent):
+                self.close_connection = True
+                refused = proxy.tunnel_websocket(self.connection, self._buffered(), path, port, sent, host)
+                if refused is not None:
+                    self.connection.sendall(refused)
+                return
+            status, headers, data = proxy.forward(method, path, port, sent, body, host)
         except TimeoutError:
             self._send(504)  # PROXY_RESPONSE_HEADER_TIMEOUT (proxy.rs:476-483)
             return
@@ -457,6 +449,15 @@ class Handler(BaseHTTPRequestHandler):
             self._send(502)
             return
         self._reply(status, data if method != "HEAD" else b"", headers, len(data))
+
+    def _buffered(self) -> bytes:  # what rfile has buffered past the request (never waits for more)
+        self.connection.setblocking(False)
+        try:
+            return self.rfile.read1(65536) or b""
+        except OSError:
+            return b""
+        finally:
+            self.connection.setblocking(True)
 
     def _reply(self, status: int, data: bytes, headers: list[tuple[str, str]], length: int | None = None) -> None:
         self.send_response(status)

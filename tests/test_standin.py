@@ -459,3 +459,84 @@ def test_without_proxy_domains_a_sandbox_has_no_domain_and_hosts_are_not_routed(
     refused = call(server, "POST", "/sandboxes", {"templateID": "plain-box", "network": {"allowPublicTraffic": False}})
     assert refused.status == 400 and "allowPublicTraffic" in refused.json()["message"]
     assert call(server, "DELETE", f"/sandboxes/{created['sandboxID']}").status == 204
+
+
+WS_ECHO_SERVER = """
+import base64, hashlib, socket, sys
+
+GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
+listener = socket.create_server(("127.0.0.1", int(sys.argv[1])))
+while True:
+    conn, _ = listener.accept()
+    data = b""
+    while b"\\r\\n\\r\\n" not in data:
+        data += conn.recv(4096)
+    head, _, rest = data.partition(b"\\r\\n\\r\\n")
+    lines = head.decode().split("\\r\\n")
+    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+    if headers.get("upgrade", "").lower() != "websocket":
+        conn.sendall(b"HTTP/1.1 426 Upgrade Required\\r\\nContent-Length: 0\\r\\n\\r\\n")
+        conn.close()
+        continue
+    accept = base64.b64encode(hashlib.sha1((headers["sec-websocket-key"] + GUID).encode()).digest()).decode()
+    proto = headers.get("x-forwarded-proto")
+    conn.sendall(f"HTTP/1.1 101 Switching Protocols\\r\\nUpgrade: websocket\\r\\nConnection: Upgrade\\r\\n"
+                 f"Sec-WebSocket-Accept: {accept}\\r\\nX-Seen-Proto: {proto}\\r\\n\\r\\n".encode())
+    while len(rest) < 6:
+        rest += conn.recv(4096)
+    length = rest[1] & 0x7F
+    while len(rest) < 6 + length:
+        rest += conn.recv(4096)
+    mask, payload = rest[2:6], rest[6:6 + length]
+    text = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    reply = b"echo:" + text
+    conn.sendall(bytes([0x81, len(reply)]) + reply)
+    conn.close()
+"""
+
+
+def test_a_websocket_to_a_port_in_the_sandbox_goes_through_the_proxy(domain_server: str, tmp_path: Path) -> None:
+    """OpenEnv's client runs an episode over /ws through the same {port}-{id}.{domain} gateway (Miles'
+    tb2_sandbox_e2b.py base_url; AgentENV proxy.rs proxy_websocket_request)."""
+    import base64
+    import hashlib
+    import socket
+
+    from conftest import free_port
+
+    build(domain_server, "ws-box")
+    sandbox_id = call(domain_server, "POST", "/sandboxes", {"templateID": "ws-box"}).json()["sandboxID"]
+    port = free_port()
+    (tmp_path / "ws.py").write_text(WS_ECHO_SERVER)
+    connection, _ = _start_in(domain_server, sandbox_id, [sys.executable, str(tmp_path / "ws.py"), str(port)])
+    host = f"{port}-{sandbox_id}.sandbox.test"
+    where = urlsplit(domain_server)
+    try:
+        deadline = time.monotonic() + 20
+        while call(domain_server, "GET", "/x", key=None, headers={"Host": host}).status == 502:
+            assert time.monotonic() < deadline, "the server in the sandbox did not come up"
+            time.sleep(0.1)
+        assert call(domain_server, "GET", "/x", key=None, headers={"Host": host}).status == 426  # plain HTTP
+        key = base64.b64encode(b"runner-ws-test-k").decode()
+        frame_text = b"hello"
+        mask = b"\x01\x02\x03\x04"
+        frame = bytes([0x81, 0x80 | len(frame_text)]) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(frame_text))
+        with socket.create_connection((where.hostname, where.port), timeout=10) as sock:
+            request = (
+                f"GET /ws HTTP/1.1\r\nHost: {host}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            )
+            sock.sendall(request.encode() + frame)  # the first frame right behind the handshake
+            data = b""
+            while b"\r\n\r\n" not in data or len(data.partition(b"\r\n\r\n")[2]) < 2 + len(b"echo:hello"):
+                chunk = sock.recv(4096)
+                assert chunk, data
+                data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101"), head
+        expected = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest())
+        assert b"Sec-WebSocket-Accept: " + expected in head and b"X-Seen-Proto: ws" in head
+        assert rest[:2] == bytes([0x81, len(b"echo:hello")]) and rest[2:] == b"echo:hello"
+    finally:
+        assert call(domain_server, "DELETE", f"/sandboxes/{sandbox_id}").status == 204
+        connection.close()
