@@ -41,6 +41,10 @@ PLAIN_TAGS = frozenset(
 MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
+def _tag(node: yaml.Node) -> str:
+    return str(node.tag).replace("tag:yaml.org,2002:", "!!")
+
+
 def _construct(node: yaml.Node, path: Path_, data: MarkedData, depth: int) -> Any:
     data.count += 1
     if id(node) in data.seen:
@@ -55,8 +59,8 @@ def _construct(node: yaml.Node, path: Path_, data: MarkedData, depth: int) -> An
     if node.tag not in PLAIN_TAGS:
         raise data.error(
             path,
-            f"YAML tag {node.tag.replace('tag:yaml.org,2002:', '!!')!r} is not allowed: a pipeline holds only "
-            "strings, numbers, booleans, null, lists and mappings",
+            f"YAML tag {_tag(node)!r} is not allowed: a pipeline holds only strings, numbers, booleans, null, "
+            "lists and mappings",
         )
     if isinstance(node, yaml.MappingNode):
         # The keys written here, as against those a `<<` merge brings in: a written key overrides a merged one
@@ -69,7 +73,7 @@ def _construct(node: yaml.Node, path: Path_, data: MarkedData, depth: int) -> An
             if not isinstance(key_node, yaml.ScalarNode):
                 raise data.error(path, "a mapping key must be a plain scalar")
             if key_node.tag not in PLAIN_TAGS:
-                raise data.error(path, f"YAML tag {key_node.tag!r} is not allowed on a key")
+                raise data.error(path, f"YAML tag {_tag(key_node)!r} is not allowed on a key")
             key = data.constructor.construct_object(key_node)
             if not isinstance(key, str):
                 key = str(key)

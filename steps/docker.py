@@ -54,6 +54,7 @@ from steps._support.docker_config import (
     unowned_hint,
 )
 from steps._support.docker_engine import (
+    EngineUnreachable,
     answers,
     api_error_text,
     connect,
@@ -221,10 +222,10 @@ class DockerStep(StepKind[DockerSpec]):
             else:
                 with self._existing(ctx) as (_, container, address):
                     pass
-        except StepError as exc:
-            # No engine to reach: apply fails on it, so plan says so (as for a machine that does not answer). Any
-            # other error of the engine is the probe's to tell.
-            return exc.message if exc.message.startswith("cannot reach the Docker Engine") else None
+        except EngineUnreachable as exc:  # apply fails on it, so plan says so (as for a machine that does not answer)
+            return exc.message
+        except StepError:
+            return None  # any other error of the engine is the probe's to tell
         theirs = foreign_owner(ctx, container) if container is not None else None
         mine = self._unowned(ctx, container, address) if container is not None and not ctx.forced else None
         if theirs:

@@ -136,16 +136,12 @@ def options_of(command: str) -> list[str]:
 
 
 def run_options(args: argparse.Namespace) -> int:
-    if args.of not in _commands():
+    from runner.cli import COMMANDS
+
+    if args.of not in COMMANDS:
         raise UsageError(f"no command {args.of!r}")
     print("\n".join(options_of(args.of)))
     return EXIT_OK
-
-
-def _commands() -> list[str]:
-    from runner.cli import COMMANDS
-
-    return list(COMMANDS)
 
 
 def run_names(args: argparse.Namespace) -> int:

@@ -60,10 +60,12 @@ class Observer:
         if (
             decision.cause.kind == "no_record"
             and prep.step.kind == "run"
+            and prep.ctx.host is None
             and getattr(prep.instance.spec, "creates", None)
         ):
             # Ansible's `creates` would skip it; runner runs what it has no record of (the files may be another
-            # spec's), and says how to take them as done instead: a renamed step, an item dropped and added back
+            # spec's), and says how to take them as done instead: a renamed step, an item dropped and added back.
+            # Here only: a stat per path, not a round trip per item to another machine on a first apply.
             if self.probe(prep).status == "ok":
                 why = Cause("no_record", {"creates_exist": True, "target": prep.key})
                 decision = Decision(decision.name, decision.action, why, decision.changes)

@@ -10,6 +10,12 @@ from typing import TYPE_CHECKING, Any
 
 from steps.base import StepError
 
+
+class EngineUnreachable(StepError):
+    """No Docker Engine to talk to at the address (no socket, refused, its machine not answering): every call
+    fails on it, so plan says the step would fail (DockerStep.preview) as apply will."""
+
+
 if TYPE_CHECKING:
     import docker
 
@@ -80,17 +86,17 @@ def reach(address: str) -> str:
     except StepError as exc:  # "cannot reach HOST over ssh: unreachable (...)", said of the engine
         why = exc.message.removeprefix(f"cannot reach {host}")
         why = why if why != exc.message else f": {why}"
-        raise StepError(f"cannot reach the Docker Engine at {address}{why}", hint=exc.hint) from None
+        raise EngineUnreachable(f"cannot reach the Docker Engine at {address}{why}", hint=exc.hint) from None
     said = {line[:1]: line[2:] for line in out.splitlines() if line[:1] in ("H", "N", "P", "T")}
     endpoint = said.get("H", "")
     where = f"the Docker Engine at {address}"
     if "N" in said:
-        raise StepError(
+        raise EngineUnreachable(
             f"cannot reach {where}: there is no socket {endpoint.removeprefix('unix://')} on {host}",
             hint="install and start Docker there (`systemctl start docker`), or set DOCKER_HOST for that user",
         )
     if "P" in said:
-        raise StepError(
+        raise EngineUnreachable(
             f"cannot reach {where}: {said['P']} may not use {endpoint.removeprefix('unix://')} on {host}",
             hint=f"add {said['P']} to the docker group there (`usermod -aG docker {said['P']}`), or log in as "
             "a user that is",
@@ -100,7 +106,7 @@ def reach(address: str) -> str:
     elif endpoint.startswith("tcp://") and "T" not in said:
         remote = endpoint.removeprefix("tcp://").rstrip("/")
     else:
-        raise StepError(
+        raise EngineUnreachable(
             f"cannot reach {where}: its engine is {endpoint} there, which runner does not forward",
             hint="give the step `host: tcp://...` with `tls:` for a TLS engine",
         )
@@ -145,9 +151,9 @@ def connect(
             else "start the engine (`systemctl start docker` or `dockerd`), or point `host:` / DOCKER_HOST "
             "at a running one"
         )
-        raise StepError(f"cannot reach the Docker Engine at {address}: {_short(exc)}", hint=hint) from None
+        raise EngineUnreachable(f"cannot reach the Docker Engine at {address}: {_short(exc)}", hint=hint) from None
     except Exception as exc:  # noqa: BLE001 - requests/urllib3 errors differ by transport
-        raise StepError(f"cannot reach the Docker Engine at {address}: {_short(exc)}") from None
+        raise EngineUnreachable(f"cannot reach the Docker Engine at {address}: {_short(exc)}") from None
     return client, address
 
 

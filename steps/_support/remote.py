@@ -37,10 +37,6 @@ def join(words: Sequence[str]) -> str:
     return " ".join(ssh.quote(w) for w in words)
 
 
-def shown(command: str | list[str]) -> str:
-    return one_line(command)
-
-
 def variables(ctx: StepContext, extra: Mapping[str, str]) -> dict[str, str]:
     """What a remote command gets besides its own login environment: what env steps exported, the step's own
     `env`, and the step's process tag. Not this machine's whole environment: PATH and HOME are the host's."""
@@ -112,7 +108,7 @@ def failure(target: str, code: int, command: str | list[str], tail: Sequence[str
     elif code == 255:
         hint = f"255 is also what ssh exits with when the connection to {host} fails: check the output"
     return StepError(
-        f"{what} exited with code {code} on {host}: {shown(command)}", hint=hint, output_tail="\n".join(tail)
+        f"{what} exited with code {code} on {host}: {one_line(command)}", hint=hint, output_tail="\n".join(tail)
     )
 
 
