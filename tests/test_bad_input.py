@@ -89,6 +89,13 @@ CASES = [
         "YAML tag '!!python/object/apply:os.system' is not allowed",
     ),
     ("custom-tag", "steps:\n  - name: a\n    run: {command: !custom x}\n", 3, 20, "YAML tag '!custom' is not allowed"),
+    (
+        "assert-bad-import",
+        'steps:\n  - name: a\n    assert: {imports: ["not a module"]}\n',
+        3,
+        13,
+        "imports: 'not a module' is not a module name",
+    ),
     ("secret-not-a-var", "secrets: [key]\nsteps:\n  - name: a\n    run: {command: x}\n", 1, 10, "'key' is not a var"),
     ("vars-not-mapping", "vars: [1]\nsteps:\n  - name: a\n    run: {command: x}\n", 1, 7, "expected a mapping"),
 ]
