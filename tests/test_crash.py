@@ -32,10 +32,11 @@ CLONES = ("clone_a", "clone_b", "clone_c")
 LOOP_ITEMS = ("p", "q", "r")
 COUNTED = ("first", "last", "helpers", *(f"loop-{i}" for i in LOOP_ITEMS))
 # a step with helpers outside its process group: one setsid'd, one double-forked; it stops them itself when it
-# ends well, and a crash must not leave them behind (the guardian stops them)
+# ends well, and a crash must not leave them behind (the guardian stops them). The kill "while the helpers run"
+# lands in that window for sure (test_kill_while_helpers_run), so it can be short: it is on every case's path.
 HELPERS = (
     "setsid sleep 97771 & echo $! > helpers.pid; (setsid sh -c 'echo $$ >> helpers.pid; exec sleep 97772' &); "
-    "echo 1 >> helpers.count; while [ $(wc -l < helpers.pid) -lt 2 ]; do sleep 0.05; done; sleep 1; "
+    "echo 1 >> helpers.count; while [ $(wc -l < helpers.pid) -lt 2 ]; do sleep 0.05; done; sleep 0.3; "
     "kill $(cat helpers.pid); touch helpers.out"
 )
 
@@ -173,7 +174,13 @@ def crash_case(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    if delay is not None:
+    if delay == HELPERS_RUN:  # a moment told by what has happened: both helpers started, the step not ended
+        deadline = time.monotonic() + 60
+        while len(helpers_running(tmp_path)) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, "the helpers never both ran"
+            time.sleep(0.01)
+        os.killpg(proc.pid, signal.SIGKILL)
+    elif delay is not None:
         time.sleep(delay)
         os.killpg(proc.pid, signal.SIGKILL)
     code = proc.wait(timeout=300)
@@ -209,6 +216,7 @@ FAULTS = [
     "docker-removed:1",
 ]
 DELAYS = [0.15, 0.4, 0.8, 1.3, 2.0]
+HELPERS_RUN = -1.0  # as a delay: kill while the helpers step's two helpers run
 
 
 @pytest.mark.parametrize("fault", FAULTS)
@@ -226,3 +234,12 @@ def test_kill_at_a_moment_loses_nothing(
     delay: float, tmp_path: Path, world: dict[str, Any], engine_host: str | None
 ) -> None:
     crash_case(tmp_path, world, engine_host, None, delay)
+
+
+def test_kill_while_helpers_run_leaves_none_of_them(
+    tmp_path: Path, world: dict[str, Any], engine_host: str | None
+) -> None:
+    """Helpers a step started outside its process group, killed with runner while they run: the guardian stops
+    both (crash_case waits for that), and the next apply runs the step again, once."""
+    outcome = crash_case(tmp_path, world, engine_host, None, HELPERS_RUN)
+    assert outcome["killed"] and counts(tmp_path)["helpers"] == 2
