@@ -33,7 +33,8 @@ LOOP_ITEMS = ("p", "q", "r")
 COUNTED = ("first", "last", "helpers", *(f"loop-{i}" for i in LOOP_ITEMS))
 # a step with helpers outside its process group: one setsid'd, one double-forked; it stops them itself when it
 # ends well, and a crash must not leave them behind (the guardian stops them). The kill "while the helpers run"
-# lands in that window for sure (test_kill_while_helpers_run), so it can be short: it is on every case's path.
+# lands in that window for sure (test_kill_while_helpers_run_leaves_none_of_them), so the window can be short:
+# it is on every case's path.
 HELPERS = (
     "setsid sleep 97771 & echo $! > helpers.pid; (setsid sh -c 'echo $$ >> helpers.pid; exec sleep 97772' &); "
     "echo 1 >> helpers.count; while [ $(wc -l < helpers.pid) -lt 2 ]; do sleep 0.05; done; sleep 0.3; "
