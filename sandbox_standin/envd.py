@@ -76,7 +76,7 @@ def run_process(box: Sandbox, request: dict[str, Any], deadline: float | None, s
     }
     try:
         proc = subprocess.Popen(
-            argv,
+            [*box.network.prefix, *argv] if box.network is not None else argv,
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,

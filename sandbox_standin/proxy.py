@@ -13,6 +13,7 @@ import contextlib
 import http.client
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,23 @@ DROPPED = frozenset(
 )
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade"})
 UPSTREAM_TIMEOUT = 30.0  # PROXY_RESPONSE_HEADER_TIMEOUT (proxy.rs:101)
+CONNECT_TIMEOUT = 5.0  # PROXY_CONNECT_TIMEOUT
+Opener = Callable[[int], socket.socket]  # a connection to a port inside the sandbox
+
+
+def host_opener(port: int) -> socket.socket:
+    """A port of a sandbox that shares this host's network: the port on 127.0.0.1."""
+    return socket.create_connection(("127.0.0.1", port), timeout=CONNECT_TIMEOUT)
+
+
+class _Connection(http.client.HTTPConnection):
+    def __init__(self, port: int, opener: Opener) -> None:
+        super().__init__("127.0.0.1", port, timeout=UPSTREAM_TIMEOUT)
+        self.opener = opener
+
+    def connect(self) -> None:
+        self.sock = self.opener(self.port)
+        self.sock.settimeout(UPSTREAM_TIMEOUT)
 
 
 def strip_host_port(host: str) -> str:
@@ -126,16 +144,22 @@ def listener_session(port: int) -> int | None:
 
 
 def forward(
-    method: str, path: str, port: int, headers: list[tuple[str, str]], body: bytes, original_host: str | None
+    method: str,
+    path: str,
+    port: int,
+    headers: list[tuple[str, str]],
+    body: bytes,
+    original_host: str | None,
+    opener: Opener = host_opener,
 ) -> tuple[int, list[tuple[str, str]], bytes]:
-    """The request sent on to 127.0.0.1:port, with the x-forwarded-* headers proxy.rs adds (989-1012); its
+    """The request sent on to the sandbox's port, with the x-forwarded-* headers proxy.rs adds (989-1012); its
     response (status, headers, body). OSError when the port does not answer."""
     sent = [(k, v) for k, v in headers if k.lower() not in DROPPED and not k.lower().startswith("x-forwarded-")]
     if original_host:
         sent.append(("X-Forwarded-Host", original_host))
     sent += [("X-Forwarded-Proto", "http"), ("X-Forwarded-Method", method), ("X-Forwarded-Uri", path)]
     sent.append(("Host", f"127.0.0.1:{port}"))
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=UPSTREAM_TIMEOUT)
+    connection = _Connection(port, opener)
     try:
         connection.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
         for key, value in sent:
@@ -168,8 +192,9 @@ def tunnel_websocket(
     port: int,
     headers: list[tuple[str, str]],
     original_host: str | None,
+    opener: Opener = host_opener,
 ) -> bytes | None:
-    """A WebSocket upgrade carried to 127.0.0.1:port. AgentENV ends the handshake on both sides and bridges the
+    """A WebSocket upgrade carried to the sandbox's port. AgentENV ends the handshake on both sides and bridges the
     messages (proxy.rs:593-700, x-forwarded-proto `ws`); relaying the bytes of the client's own handshake gives
     the client the same: the upstream's 101 and then its frames. Returns the upstream's answer when it refused
     the upgrade (sent back as it is, map_websocket_handshake_rejection_response), else None once either side
@@ -180,7 +205,7 @@ def tunnel_websocket(
         kept.append(("X-Forwarded-Host", original_host))
     kept += [("X-Forwarded-Proto", "ws"), ("X-Forwarded-Method", "GET"), ("X-Forwarded-Uri", path)]
     kept.append(("Host", f"127.0.0.1:{port}"))
-    upstream = socket.create_connection(("127.0.0.1", port), timeout=5.0)  # PROXY_CONNECT_TIMEOUT
+    upstream = opener(port)
     try:
         head = f"GET {path} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in kept) + "\r\n"
         upstream.sendall(head.encode("latin-1"))

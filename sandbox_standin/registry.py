@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_standin.build import copy_root, run_steps
+from sandbox_standin.netns import Network
 
 ENVD_VERSION = "0.2.0"
 ENVD_PORT = 49983  # the control-plane port inside the VM (AgentENV src/cfg.rs; the SDK's default too)
@@ -44,6 +45,7 @@ class Sandbox:
     cpu_count: int = 2  # its template's resources
     memory_mb: int = 1024
     workdir: str = "/"  # its template's WORKDIR: where a command without `cwd` runs
+    network: Network | None = None  # its own network namespace (netns.py), or None: this host's
 
     def __post_init__(self) -> None:
         self.expires = self.expires or self.started + self.timeout
@@ -104,8 +106,9 @@ def _iso(stamp: float) -> str:
 class Registry:
     """The templates and the live sandboxes, each sandbox with its scratch directory and running processes."""
 
-    def __init__(self, root: Path, templates: set[str], build_seconds: float = 0.0) -> None:
+    def __init__(self, root: Path, templates: set[str], build_seconds: float = 0.0, isolate: bool = True) -> None:
         self.root = root
+        self.isolate = isolate  # a network namespace per sandbox where this host can make one
         self.lock = threading.Lock()
         self.build_seconds = build_seconds
         self.templates: dict[str, Template] = {}
@@ -196,6 +199,7 @@ class Registry:
             cpu_count=template.cpu_count,
             memory_mb=template.memory_mb,
             workdir=template.context["workdir"],
+            network=Network.start(directory) if self.isolate else None,
         )
         with self.lock:
             self.sandboxes[sandbox_id] = box
@@ -227,6 +231,8 @@ class Registry:
             return False
         for proc in list(box.processes):
             kill_group(proc)
+        if box.network is not None:
+            box.network.stop()
         shutil.rmtree(box.directory, ignore_errors=True)
         return True
 

@@ -42,6 +42,7 @@ NOT_A_SANDBOX = (
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: StandinServer
+    gone = False  # the client of a stream went away
 
     # ---- plumbing --------------------------------------------------------------------------------------
 
@@ -361,14 +362,15 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
 
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-        self.wfile.flush()
+    def _chunk(self, data: bytes, last: bytes = b"") -> None:  # a client gone mid-stream leaves its command be
+        try:
+            self.gone or self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n" + last)
+            self.wfile.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            self.gone = self.close_connection = True
 
     def _stream_end(self, error: dict[str, str] | None = None) -> None:
-        self._chunk(envelope({"error": error} if error else {}, flags=0x02))
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+        self._chunk(envelope({"error": error} if error else {}, flags=0x02), last=b"0\r\n\r\n")
 
     def _proxy(
         self,
@@ -425,11 +427,13 @@ class Handler(BaseHTTPRequestHandler):
         self._send(501, {"code": "unimplemented", "message": f"{method} {path} is not in the stand-in"})
 
     def _forward(self, box: Sandbox, method: str, port: int, path: str, body: bytes, host: str | None) -> None:
-        """To a port served inside the sandbox: here, a port on this host whose listener that sandbox started."""
-        owner = proxy.listener_session(port)
-        if owner is None or owner not in {proc.pid for proc in box.processes}:
-            # AgentENV answers 502 when nothing in the sandbox takes the connection (proxy.rs:504-511)
-            self._error(502, f"nothing in sandbox {box.sandbox_id} listens on port {port}")
+        """To a port served inside the sandbox: in its own network (netns.py), else a port on this host whose
+        listener that sandbox started. AgentENV answers 502 when nothing takes the connection (proxy.rs:504-511)."""
+        opener: proxy.Opener = box.network.connect if box.network is not None else proxy.host_opener
+        owner = proxy.listener_session(port) if box.network is None else None
+        nothing = f"nothing in sandbox {box.sandbox_id} listens on port {port}"
+        if box.network is None and (owner is None or owner not in {proc.pid for proc in box.processes}):
+            self._error(502, nothing)
             return
         # a valid API key (auth.rs:78-80) and the envd token (not this port's, auth.rs:106-108) stay here
         dropped = {"x-access-token", *({"x-api-key"} if self._authorized() else set())}
@@ -437,16 +441,16 @@ class Handler(BaseHTTPRequestHandler):
         try:
             if method == "GET" and proxy.is_websocket_upgrade(sent):
                 self.close_connection = True
-                refused = proxy.tunnel_websocket(self.connection, self._buffered(), path, port, sent, host)
+                refused = proxy.tunnel_websocket(self.connection, self._buffered(), path, port, sent, host, opener)
                 if refused is not None:
                     self.connection.sendall(refused)
                 return
-            status, headers, data = proxy.forward(method, path, port, sent, body, host)
+            status, headers, data = proxy.forward(method, path, port, sent, body, host, opener)
         except TimeoutError:
             self._send(504)  # PROXY_RESPONSE_HEADER_TIMEOUT (proxy.rs:476-483)
             return
-        except OSError:
-            self._send(502)
+        except OSError as exc:
+            self._error(502, nothing) if isinstance(exc, ConnectionRefusedError) else self._send(502)
             return
         self._reply(status, data if method != "HEAD" else b"", headers, len(data))
 
@@ -470,11 +474,7 @@ class Handler(BaseHTTPRequestHandler):
         deadline_ms = self.headers.get("Connect-Timeout-Ms")
         deadline = time.monotonic() + int(deadline_ms) / 1000 if deadline_ms and deadline_ms.isdigit() else None
         self._stream_start()
-        try:
-            error = run_process(box, request, deadline, lambda event: self._chunk(envelope(event)))
-        except (BrokenPipeError, ConnectionResetError):
-            return  # the client went away: so did its command
-        self._stream_end(error)
+        self._stream_end(run_process(box, request, deadline, lambda event: self._chunk(envelope(event))))
 
 
 class StandinServer(ThreadingHTTPServer):
