@@ -1,1 +1,1 @@
-"""The env server side of tbench2_env (look-alike: only the switch Miles checks)."""
+"""The env server side of tbench2_env: the environment (tbench2_env_environment.py) and its app (app.py)."""

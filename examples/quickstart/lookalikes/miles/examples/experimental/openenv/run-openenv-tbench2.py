@@ -7,17 +7,20 @@ OPENENV_SANDBOX_BACKEND, E2B_API_KEY_FILE) read it as upstream does. ``main`` ru
 phase unless ``--skip-prepare``, and ``execute``; the preflight (openenv_launch_common.apply_optional_env_vars)
 runs inside ``execute`` as upstream's does.
 
-Here ``execute`` runs no model: for each prompt row it makes the task's template and a sandbox through the e2b
-SDK (tb2_sandbox_e2b), runs the task's reference solution and tests there, kills the sandbox, and writes one
-reward per task to ``<output-dir>/rewards.jsonl``. The episodes run at once, as upstream's rollout generates a
+Here ``execute`` runs no model: for each prompt row an episode as upstream's e2b agent function runs one —
+``tb2_sandbox_e2b.create_task_sandbox`` (the task's template built once, a sandbox, the env server started in
+it and reached at ``get_host(8000)``), then ``Tbench2Env(base_url=...)``: ``reset(task_id=...)``, one ``exec``
+step whose command is the task's reference solution (read on this side: solution/ never enters the sandbox)
+in place of the policy's commands, and ``evaluate``, whose reward it keeps; then ``kill_sandbox``. One reward
+per task lands in ``<output-dir>/rewards.jsonl``. The episodes run at once, as upstream's rollout generates a
 group's samples concurrently (miles/rollout/inference_rollout/inference_rollout_common.py: a semaphore of
 ``sglang_server_concurrency`` and ``asyncio.gather``); their lines print in prompt order.
 """
 
+import asyncio
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -25,6 +28,9 @@ from typing import Literal
 import miles.utils.external_utils.command_utils as U
 import openenv_launch_common as C
 import typer
+
+CONCURRENCY = 8  # episodes at once (upstream: sglang_server_concurrency samples)
+MESSAGE_TIMEOUT_S = 900.0  # a reply on /ws (upstream's evaluate budget is of this order)
 
 
 @dataclass
@@ -42,7 +48,6 @@ class ScriptArgs(U.ExecuteTrainConfig):
     openenv_tb2_tasks_dir: str = os.environ.get("OPENENV_TB2_TASKS_DIR", "")
     openenv_sandbox_backend: str = os.environ.get("OPENENV_SANDBOX_BACKEND", "")
     e2b_api_key_file: str = os.environ.get("E2B_API_KEY_FILE", "")
-    sandbox_timeout: int = 120  # look-alike only: the lifetime of each episode's sandbox
 
 
 def prepare(args: ScriptArgs) -> None:
@@ -58,31 +63,37 @@ def execute(args: ScriptArgs) -> None:
     print(f"(look-alike) actor: {args.num_nodes} node(s) x {args.num_gpus_per_node} GPU(s); rollout instead")
 
     import tb2_sandbox_e2b as E
-    from tbench2_env import episode_script, load_task, parse_reward
+    from tbench2_env import Tbench2Action, Tbench2Env
 
     tasks_dir = Path(extra_env_vars["OPENENV_TB2_TASKS_DIR"])
     rows = [json.loads(line) for line in Path(args.prompt_data).read_text(encoding="utf-8").splitlines() if line]
 
-    def episode(row: dict) -> dict:
-        task = load_task(tasks_dir, row["metadata"]["task_id"])
-        started = time.monotonic()
-        sandbox = E.create_task_sandbox(tasks_dir / task.task_id, timeout=args.sandbox_timeout)
-        try:
-            run = sandbox.commands.run(episode_script(task), timeout=args.sandbox_timeout)
-        finally:
-            sandbox.kill(api_key=E.resolve_api_key())
-        reward = parse_reward(run.stdout)
-        if reward is None:
-            raise SystemExit(f"{task.task_id}: the episode printed no reward:\n{run.stdout}{run.stderr}")
+    async def episode(row: dict, slots: asyncio.Semaphore) -> dict:
+        task_id = row["metadata"]["task_id"]
+        policy = (tasks_dir / task_id / "solution" / "solve.sh").read_text(encoding="utf-8")
+        async with slots:
+            started = time.monotonic()
+            sandbox, url = await asyncio.to_thread(E.create_task_sandbox, tasks_dir / task_id)
+            try:
+                async with Tbench2Env(base_url=url, message_timeout_s=MESSAGE_TIMEOUT_S) as env:
+                    await env.reset(task_id=task_id)
+                    await env.step(Tbench2Action(action_type="exec", command=policy))
+                    verdict = await env.step(Tbench2Action(action_type="evaluate"))
+            finally:
+                await asyncio.to_thread(E.kill_sandbox, sandbox)
+        if verdict.reward is None:
+            raise SystemExit(f"{task_id}: evaluate gave no reward:\n{verdict.observation.output}")
         seconds = round(time.monotonic() - started, 2)
-        return {"task_id": task.task_id, "reward": reward, "sandbox": sandbox.sandbox_id, "seconds": seconds}
+        return {"task_id": task_id, "reward": verdict.reward, "sandbox": sandbox.sandbox_id, "seconds": seconds}
 
-    results = []
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(rows)))) as pool:
-        for result in pool.map(episode, rows):
-            results.append(result)
-            line = f"{result['task_id']:<24} reward {result['reward']:g}"
-            print(f"{line}  ({result['seconds']}s in {result['sandbox']})", flush=True)
+    async def rollout() -> list[dict]:
+        slots = asyncio.Semaphore(CONCURRENCY)
+        return await asyncio.gather(*(episode(row, slots) for row in rows))
+
+    results = asyncio.run(rollout())
+    for result in results:
+        line = f"{result['task_id']:<24} reward {result['reward']:g}"
+        print(f"{line}  ({result['seconds']}s in {result['sandbox']})", flush=True)
     out = Path(args.output_dir) / "rewards.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
