@@ -112,6 +112,25 @@ def _loopback_up() -> None:
         fcntl.ioctl(sock, 0x8914, struct.pack("16sH14x", b"lo", flags | 0x1))
 
 
+def pipe(a: socket.socket, b: socket.socket, join_timeout: float | None = None) -> None:
+    """Bytes both ways until either side closes."""
+
+    def copy(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                target.sendall(chunk)
+        except OSError:
+            pass
+        for sock in (source, target):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    back = threading.Thread(target=copy, args=(b, a), daemon=True)
+    back.start()
+    copy(a, b)
+    back.join(timeout=join_timeout)
+
+
 def _relay(client: socket.socket, port: int) -> None:
     try:
         try:
@@ -122,20 +141,7 @@ def _relay(client: socket.socket, port: int) -> None:
         inside.settimeout(None)
         client.sendall(b"+")
 
-        def copy(source: socket.socket, target: socket.socket) -> None:
-            try:
-                while chunk := source.recv(65536):
-                    target.sendall(chunk)
-            except OSError:
-                pass
-            for sock in (source, target):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
-
-        back = threading.Thread(target=copy, args=(inside, client), daemon=True)
-        back.start()
-        copy(client, inside)
-        back.join()
+        pipe(client, inside)
         inside.close()
     finally:
         client.close()

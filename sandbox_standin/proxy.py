@@ -9,7 +9,6 @@ any other port is refused, so one sandbox can never be reached through another's
 
 from __future__ import annotations
 
-import contextlib
 import http.client
 import os
 import socket
@@ -231,19 +230,6 @@ def tunnel_websocket(
 
 def _pipe(a: socket.socket, b: socket.socket) -> None:
     """Bytes both ways until either side closes."""
-    import threading
+    from sandbox_standin.netns import pipe
 
-    def copy(source: socket.socket, target: socket.socket) -> None:
-        try:
-            while chunk := source.recv(65536):
-                target.sendall(chunk)
-        except OSError:
-            pass
-        for sock in (source, target):
-            with contextlib.suppress(OSError):
-                sock.shutdown(socket.SHUT_RDWR)
-
-    back = threading.Thread(target=copy, args=(b, a), daemon=True)
-    back.start()
-    copy(a, b)
-    back.join(timeout=5)
+    pipe(a, b, join_timeout=5)
