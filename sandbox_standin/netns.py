@@ -5,9 +5,9 @@ sandbox reaches another's ports or this host's loopback services.
 Each sandbox gets a holder process in a new network namespace (`unshare --net`; a user namespace too when this
 is not root, where the kernel allows it). The holder brings `lo` up and relays connections: for each one the
 stand-in makes a socket pair, hands one end to the holder over their control socket (SCM_RIGHTS) with a port,
-and the holder joins it to 127.0.0.1:port inside. A sandbox's commands join the namespace with `nsenter`. Where neither
-works (no util-linux, user namespaces disabled), sandboxes share this host's network, as before, and the proxy
-only forwards to a port whose listener the sandbox started (server.py).
+and the holder joins it to 127.0.0.1:port inside. A sandbox's commands join the namespace with `nsenter`.
+Where neither works (no util-linux, user namespaces disabled), sandboxes share this host's network, as before
+(the stand-in says so once), and the proxy only forwards to a port whose listener the sandbox started.
 
     python -m sandbox_standin.netns FD     # the holder, run by Network.start inside `unshare`
 """
@@ -140,7 +140,6 @@ def _relay(client: socket.socket, port: int) -> None:
             return
         inside.settimeout(None)
         client.sendall(b"+")
-
         pipe(client, inside)
         inside.close()
     finally:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox_standin.envd import is_uuid
+from sandbox_standin.netns import pipe
 
 # sanitize_request_headers (proxy.rs:969-980): what only the hop to AgentENV carries; and the hop-by-hop ones
 DROPPED = frozenset(
@@ -222,14 +223,7 @@ def tunnel_websocket(
         if pending:
             upstream.sendall(pending)
         upstream.settimeout(None)
-        _pipe(client, upstream)
+        pipe(client, upstream, join_timeout=5)
         return None
     finally:
         upstream.close()
-
-
-def _pipe(a: socket.socket, b: socket.socket) -> None:
-    """Bytes both ways until either side closes."""
-    from sandbox_standin.netns import pipe
-
-    pipe(a, b, join_timeout=5)

@@ -10,6 +10,7 @@ import secrets
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -106,9 +107,9 @@ def _iso(stamp: float) -> str:
 class Registry:
     """The templates and the live sandboxes, each sandbox with its scratch directory and running processes."""
 
-    def __init__(self, root: Path, templates: set[str], build_seconds: float = 0.0, isolate: bool = True) -> None:
+    def __init__(self, root: Path, templates: set[str], build_seconds: float = 0.0) -> None:
         self.root = root
-        self.isolate = isolate  # a network namespace per sandbox where this host can make one
+        self.shared_network_said = False  # the warning that sandboxes share this host's network, once
         self.lock = threading.Lock()
         self.build_seconds = build_seconds
         self.templates: dict[str, Template] = {}
@@ -199,8 +200,16 @@ class Registry:
             cpu_count=template.cpu_count,
             memory_mb=template.memory_mb,
             workdir=template.context["workdir"],
-            network=Network.start(directory) if self.isolate else None,
+            network=Network.start(directory),
         )
+        if box.network is None and not self.shared_network_said:
+            self.shared_network_said = True
+            print(
+                "sandbox_standin: no network namespace could be made (unshare/nsenter missing or user namespaces "
+                "disabled): sandboxes share this host's ports, so two cannot both serve the same port",
+                file=sys.stderr,
+                flush=True,
+            )
         with self.lock:
             self.sandboxes[sandbox_id] = box
         return box

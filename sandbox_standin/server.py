@@ -363,14 +363,13 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
 
     def _chunk(self, data: bytes, last: bytes = b"") -> None:  # a client gone mid-stream leaves its command be
+        if self.gone:
+            return
         try:
-            self.gone or self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n" + last)
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n" + last)
             self.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             self.gone = self.close_connection = True
-
-    def _stream_end(self, error: dict[str, str] | None = None) -> None:
-        self._chunk(envelope({"error": error} if error else {}, flags=0x02), last=b"0\r\n\r\n")
 
     def _proxy(
         self,
@@ -474,7 +473,8 @@ class Handler(BaseHTTPRequestHandler):
         deadline_ms = self.headers.get("Connect-Timeout-Ms")
         deadline = time.monotonic() + int(deadline_ms) / 1000 if deadline_ms and deadline_ms.isdigit() else None
         self._stream_start()
-        self._stream_end(run_process(box, request, deadline, lambda event: self._chunk(envelope(event))))
+        error = run_process(box, request, deadline, lambda event: self._chunk(envelope(event)))
+        self._chunk(envelope({"error": error} if error else {}, flags=0x02), last=b"0\r\n\r\n")  # end of stream
 
 
 class StandinServer(ThreadingHTTPServer):

@@ -6,7 +6,7 @@ same fields and defaults, so the env server runs on a bare interpreter inside a 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -55,7 +55,3 @@ class Tbench2State:
     last_action_type: str = ""
     last_command: str = ""
     last_output: str = ""
-
-
-def as_dict(value: Any) -> dict[str, Any]:
-    return asdict(value)
