@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from email.message import Message
 from pathlib import Path
 from typing import Any
 
@@ -57,17 +58,81 @@ def _b64(data: bytes) -> str:
     return base64.b64encode(data).decode()
 
 
-def run_process(box: Sandbox, request: dict[str, Any], deadline: float | None, send: Send) -> dict[str, str] | None:
-    """Runs a StartRequest's command in the sandbox's directory, sending its events; returns the Connect error
-    that ends the stream, if any. The command's process group dies with the call if anything goes wrong (the
-    client went away, say)."""
+# The users a stand-in sandbox has: e2b's base image's root and user, each with its home. envd looks a name up in
+# the VM's passwd (permissions/authenticate.go GetUser); a stand-in sandbox has no passwd of its own, so any other
+# name is envd's "invalid username".
+USERS = {"root": (0, "/root"), "user": (1000, "/home/user")}
+
+
+def basic_user(header: str | None) -> str | None:
+    """The user an envd call asks for: the name in its `Authorization: Basic base64(name:)` (e2b envd/utils.py
+    authentication_header), or None (envd then uses the sandbox's default user: authenticate.go:14-45)."""
+    if not header or not header.startswith("Basic "):
+        return None
+    try:
+        return base64.b64decode(header[6:], validate=True).decode().partition(":")[0]
+    except ValueError:
+        return None
+
+
+def identity(box: Sandbox, name: str) -> tuple[list[str], dict[str, Any]] | str:
+    """How a command runs as `name` here (an argv prefix and Popen arguments), or why it cannot."""
+    uid = USERS[name][0]
+    root_here = os.geteuid() == 0
+    if uid and root_here:  # the uid it drops to must reach the sandbox's directory
+        for parent in [box.directory, *box.directory.parents]:
+            if parent.exists() and not parent.stat().st_mode & 0o001:
+                return (
+                    f"sandbox_standin cannot run commands as {name!r} (uid {uid}): it cannot reach {parent} "
+                    f"(mode {parent.stat().st_mode & 0o777:o}); give the stand-in a --root that others can traverse"
+                )
+    if box.network is not None:
+        return box.network.argv(uid), {}
+    if uid == 0 and not root_here:
+        return (
+            f"sandbox_standin cannot run commands as root: it runs as uid {os.geteuid()} and could not make a user "
+            "namespace (unshare); run it as root, or where unprivileged user namespaces are allowed"
+        )
+    # without a namespace, as another user than root: this host's root drops to the uid; anyone else is unprivileged
+    return [], ({"user": uid, "group": uid, "extra_groups": []} if uid and root_here else {})
+
+
+def resolve(box: Sandbox, path: str, home: str) -> tuple[str, Path]:
+    """A path as envd resolves it (permissions/path.go ExpandAndResolve: `~` and relative paths from the user's
+    home), and where that is in the stand-in sandbox's directory. `..` cannot climb out of it."""
+    if path == "~" or path.startswith("~/"):
+        path = home + path[1:]
+    absolute = posixpath.normpath(path if path.startswith("/") else posixpath.join(home, path))
+    return absolute, box.directory / absolute.lstrip("/")
+
+
+def run_process(box: Sandbox, request: dict[str, Any], headers: Message, send: Send) -> dict[str, str] | None:
+    """Runs a StartRequest's command as the user its Authorization asks for (else the sandbox's default), in the
+    sandbox's directory, until its Connect-Timeout-Ms (the client's stream deadline, which envd turns into the
+    command's: process/start.go:36-44, also for a background command), sending its events; returns the Connect
+    error that ends the stream, if any. A client that went away leaves the command running."""
+    given = headers.get("Connect-Timeout-Ms", "")
+    deadline = time.monotonic() + int(given) / 1000 if given.isdigit() else None
+    asked = basic_user(headers.get("Authorization"))
+    name = asked if asked is not None else box.user
+    if name not in USERS:  # authenticate.go:22-25 (asked), 38-41 (the default)
+        said = "invalid username" if asked is not None else "invalid default user"
+        return {"code": "unauthenticated", "message": f"{said}: '{name}'"}
+    how = identity(box, name)
+    if isinstance(how, str):
+        return {"code": "permission_denied", "message": how}
+    prefix, credentials = how
+    home = USERS[name][1]
     spec = request.get("process") or {}
     argv = [str(spec.get("cmd") or "/bin/bash"), *[str(a) for a in spec.get("args") or []]]
-    cwd = box.directory / str(spec.get("cwd") or box.workdir).lstrip("/")
-    cwd.mkdir(parents=True, exist_ok=True)
-    env = {
+    shown, cwd = resolve(box, str(spec.get("cwd") or box.workdir or home), home)
+    if not cwd.is_dir():  # handler.go:231-239
+        return {"code": "invalid_argument", "message": f"cwd '{shown}' does not exist"}
+    env = {  # handler.go:245-262: PATH, HOME, USER, LOGNAME, the sandbox's variables, then the request's
         "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
-        "HOME": str(box.directory),
+        "HOME": str(box.directory / home.lstrip("/")),
+        "USER": name,
+        "LOGNAME": name,
         "LANG": "C.UTF-8",
         "E2B_SANDBOX": "true",
         "E2B_SANDBOX_ID": box.sandbox_id,
@@ -76,13 +141,14 @@ def run_process(box: Sandbox, request: dict[str, Any], deadline: float | None, s
     }
     try:
         proc = subprocess.Popen(
-            [*box.network.prefix, *argv] if box.network is not None else argv,
+            [*prefix, *argv],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             start_new_session=True,
+            **credentials,
         )
     except OSError as exc:
         send({"event": {"start": {"pid": 0}}})
@@ -156,20 +222,31 @@ def _pump(proc: subprocess.Popen[bytes], deadline: float | None, send: Send) -> 
 # ---- envd's files API (GET/POST /files): e2b's envd, which AgentENV runs in each VM (thirdparty/envd) ----------
 
 
-def sandbox_path(box: Sandbox, path: str, username: str | None) -> tuple[str, Path]:
-    """A path as envd resolves it (FilesApi.md: relative to the user's home, `~/file.txt`), and where that is
-    in the stand-in sandbox's directory. `..` cannot climb out of it."""
-    user = username or "user"
-    home = "/root" if user == "root" else f"/home/{user}"
-    absolute = posixpath.normpath(path if path.startswith("/") else posixpath.join(home, path))
-    return absolute, box.directory / absolute.lstrip("/")
+class Refused(Exception):
+    """envd's answer to a files call it will not serve: an HTTP status and a message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def files_user(box: Sandbox, username: str | None) -> tuple[int, str]:
+    """A files call's user (`username`, else the sandbox's default) as uid and home, or envd's refusal
+    (download.go:41-47, 63-69; upload.go: an unknown user is 401 "error looking up user")."""
+    name = username if username is not None else box.user
+    if name not in USERS:
+        raise Refused(401, f"error looking up user '{name}': user: unknown user {name}")
+    return USERS[name]
 
 
 def read_file(box: Sandbox, query: dict[str, str]) -> tuple[int, bytes, str]:
     """GET /files?path=&username=: the file's bytes (application/octet-stream), or envd's error JSON."""
     if not query.get("path"):
         return _files_error(400, "path is required")
-    shown, where = sandbox_path(box, query["path"], query.get("username"))
+    try:
+        shown, where = resolve(box, query["path"], files_user(box, query.get("username"))[1])
+    except Refused as refused:
+        return _files_error(refused.status, str(refused))
     if where.is_dir():
         return _files_error(400, f"path '{shown}' is a directory")
     try:
@@ -182,8 +259,12 @@ def read_file(box: Sandbox, query: dict[str, str]) -> tuple[int, bytes, str]:
 
 def write_files(box: Sandbox, query: dict[str, str], content_type: str, body: bytes) -> tuple[int, bytes, str]:
     """POST /files?path=&username=: a multipart/form-data `file` part (the SDK's default for str and bytes) or an
-    application/octet-stream body, written over any file there, its parent directories made; the EntryInfo
-    list (path, name, type) as JSON."""
+    application/octet-stream body, written over any file there as the user (its parent directories made); the
+    EntryInfo list (path, name, type) as JSON."""
+    try:
+        uid, home = files_user(box, query.get("username"))
+    except Refused as refused:
+        return _files_error(refused.status, str(refused))
     uploads: list[tuple[str, bytes]] = []
     if content_type.startswith("multipart/form-data"):
         message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
@@ -199,11 +280,13 @@ def write_files(box: Sandbox, query: dict[str, str], content_type: str, body: by
     for path, data in uploads:
         if not path:
             return _files_error(400, "path is required")
-        shown, where = sandbox_path(box, path, query.get("username"))
+        shown, where = resolve(box, path, home)
         try:
             where.parent.mkdir(parents=True, exist_ok=True)
             partial = where.with_name(f".{where.name}.upload")
             partial.write_bytes(data)
+            if uid and os.geteuid() == 0:  # the user's file, as envd's (upload.go chowns it)
+                os.chown(partial, uid, uid)
             os.replace(partial, where)
         except IsADirectoryError:
             return _files_error(400, f"path '{shown}' is a directory")

@@ -31,9 +31,21 @@ READY_TIMEOUT = 5.0
 class Network:
     """One sandbox's namespace: its holder, the argv prefix that runs a command inside, and connections in."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket, prefix: list[str]) -> None:
-        self.proc, self.control, self.prefix = proc, control, prefix
+    def __init__(self, proc: subprocess.Popen[bytes], control: socket.socket, nsenter: str, unshare: str) -> None:
+        self.proc, self.control, self.nsenter, self.unshare = proc, control, nsenter, unshare
+        self.userns = os.geteuid() != 0  # root of a user namespace of its own (this host's uid mapped to 0)
         self.lock = threading.Lock()
+
+    def argv(self, uid: int) -> list[str]:
+        """The prefix that runs a command inside as `uid`: root (this host's, or the user namespace's), or an
+        unprivileged uid: nsenter's --setuid/--setgid where this host is root, else a nested user namespace
+        that maps only `uid` (to this host's uid: no capability over the sandbox's network or this host)."""
+        pid = str(self.proc.pid)
+        if not self.userns:
+            ids = [f"--setuid={uid}", f"--setgid={uid}"] if uid else []
+            return [self.nsenter, "-t", pid, "-n", *ids, "--"]
+        inner = [self.unshare, "--user", f"--map-user={uid}", f"--map-group={uid}", "--"] if uid else []
+        return [self.nsenter, "-t", pid, "-U", "-n", "--preserve-credentials", "--", *inner]
 
     @classmethod
     def start(cls, directory: Path) -> Network | None:
@@ -71,8 +83,7 @@ class Network:
             proc.wait()
             return None
         ours.settimeout(None)
-        joined = ["-n"] if not user else ["-U", "-n", "--preserve-credentials"]
-        return cls(proc, ours, [nsenter, "-t", str(proc.pid), *joined, "--"])
+        return cls(proc, ours, nsenter, unshare)
 
     def connect(self, port: int, timeout: float = 5.0) -> socket.socket:
         """A connection to port `port` inside; ConnectionRefusedError when nothing listens there."""

@@ -22,7 +22,7 @@ from typing import Any
 from sandbox_standin.build import copy_root, run_steps
 from sandbox_standin.netns import Network
 
-ENVD_VERSION = "0.2.0"
+ENVD_VERSION = "0.5.15"  # AgentENV's default (src/cfg.rs:264-266)
 ENVD_PORT = 49983  # the control-plane port inside the VM (AgentENV src/cfg.rs; the SDK's default too)
 
 
@@ -46,6 +46,7 @@ class Sandbox:
     cpu_count: int = 2  # its template's resources
     memory_mb: int = 1024
     workdir: str = "/"  # its template's WORKDIR: where a command without `cwd` runs
+    user: str = "root"  # its template's USER, else envd's default (envd main.go:50, 187)
     network: Network | None = None  # its own network namespace (netns.py), or None: this host's
 
     def __post_init__(self) -> None:
@@ -98,6 +99,15 @@ ALIAS = re.compile(r"[A-Za-z0-9_-]+")  # SnapshotAlias::parse: ASCII letters, di
 
 def _log_entry(level: str, message: str) -> dict[str, str]:
     return {"timestamp": _iso(time.time()), "level": level, "message": message}
+
+
+def make_homes(directory: Path) -> None:
+    """The homes of a sandbox's users (envd.USERS), the unprivileged user's its own where this host is root."""
+    (directory / "root").mkdir(mode=0o700, exist_ok=True)
+    home = directory / "home" / "user"
+    home.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() == 0:
+        os.chown(home, 1000, 1000)
 
 
 def _iso(stamp: float) -> str:
@@ -200,8 +210,10 @@ class Registry:
             cpu_count=template.cpu_count,
             memory_mb=template.memory_mb,
             workdir=template.context["workdir"],
+            user=template.context["user"] or "root",
             network=Network.start(directory),
         )
+        make_homes(directory)
         if box.network is None and not self.shared_network_said:
             self.shared_network_said = True
             print(

@@ -22,7 +22,6 @@ from __future__ import annotations
 import hmac
 import json
 import sys
-import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -470,10 +469,8 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def _process_start(self, box: Sandbox, request: dict[str, Any]) -> None:
-        deadline_ms = self.headers.get("Connect-Timeout-Ms")
-        deadline = time.monotonic() + int(deadline_ms) / 1000 if deadline_ms and deadline_ms.isdigit() else None
         self._stream_start()
-        error = run_process(box, request, deadline, lambda event: self._chunk(envelope(event)))
+        error = run_process(box, request, self.headers, lambda event: self._chunk(envelope(event)))
         self._chunk(envelope({"error": error} if error else {}, flags=0x02), last=b"0\r\n\r\n")  # end of stream
 
 

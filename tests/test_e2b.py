@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -301,3 +302,104 @@ def test_miles_sandbox_sequence_runs_against_the_standin_as_against_agentenv(tmp
     assert said["health"] == [200, "written by the sdk"]  # through the proxy, into the sandbox's own server
     assert said["extended"] > 400  # set_timeout moved the end from ~60 s out to ~600 s
     assert said["info"] == {"memory": 4096, "metadata": {"openenv-launcher": "tbench2", "task": "t1"}}
+
+
+# Which user a command runs as (e2b-dev/infra envd; docs/upstream.md): the Authorization's name, else the
+# template's USER, else envd's default root; an unknown name is refused; a missing cwd is refused; a command
+# whose client went away keeps running.
+USERS_SEQUENCE = """
+import json, sys, time
+from e2b import Sandbox, Template
+
+def run(box, command, **options):
+    try:
+        done = box.commands.run(command, **options)
+        return done.stdout.split()
+    except Exception as exc:
+        return ["refused", type(exc).__name__, str(exc)]
+
+said = {}
+Template.build(Template().from_image("ubuntu:22.04"), alias="plain")
+Template.build(Template().from_image("ubuntu:22.04").set_user("user"), alias="as-user")
+box = Sandbox.create("plain", timeout=60)
+said["default"] = run(box, "id -u; echo $USER; pwd; echo $HOME")
+said["root"] = run(box, "id -u", user="root")
+said["user"] = run(box, "id -u; echo $USER; touch x 2>/dev/null || echo denied; touch ~/y && echo wrote", user="user")
+said["unknown"] = run(box, "id -u", user="nobody-here")
+said["cwd"] = run(box, "pwd", cwd="/no/such/dir")
+handle = box.commands.run("sleep 1; echo outlived > ~/left.txt", background=True, user="user")
+handle.disconnect()
+time.sleep(2.5)
+said["outlived"] = box.files.read("left.txt", user="user")
+try:
+    box.files.read("x", user="nobody-here")
+except Exception as exc:
+    said["files_unknown"] = str(exc)
+box.kill()
+box = Sandbox.create("as-user", timeout=60)
+said["template_user"] = run(box, "id -u; echo $USER")
+box.files.write("note.txt", "home")
+said["note"] = box.files.read("/home/user/note.txt", user="root")
+box.kill()
+print(json.dumps(said))
+"""
+
+
+@pytest.fixture
+def open_root() -> Iterator[Path]:
+    """A stand-in root that an unprivileged uid can traverse (pytest's tmp_path is under a 0700 directory)."""
+    import shutil
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="standin-users-"))
+    root.chmod(0o755)
+    try:
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_commands_run_as_the_user_asked_for_or_are_refused_as_envd_refuses(open_root: Path) -> None:
+    import subprocess
+
+    script = open_root / "users.py"
+    script.write_text(USERS_SEQUENCE)
+    with standin(open_root, KEY) as url:
+        env = {**os.environ, "E2B_API_KEY": KEY, "E2B_API_URL": url, "E2B_SANDBOX_URL": url}
+        env.pop("E2B_DEBUG", None)
+        done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    uid, user, cwd, home = said["default"]  # no USER in the template: envd's default, root
+    assert (uid, user) == ("0", "root") and home.endswith("/root")
+    assert said["root"] == ["0"]
+    assert said["user"][0] != "0" and said["user"][1:] == ["user", "denied", "wrote"]  # unprivileged; its home
+    assert said["unknown"][0] == "refused" and "invalid username: 'nobody-here'" in said["unknown"][2]
+    assert said["cwd"][0] == "refused" and "cwd '/no/such/dir' does not exist" in said["cwd"][2]
+    assert said["outlived"] == "outlived\n"  # the command ran on after its client disconnected
+    assert "error looking up user 'nobody-here'" in said["files_unknown"]
+    uid, user = said["template_user"]  # the template's USER is its sandboxes' default user
+    assert uid != "0" and user == "user"
+    assert said["note"] == "home"  # a relative path is from the default user's home
+
+
+def test_where_a_user_cannot_be_honoured_the_standin_says_why(open_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The paths CI's root with unshare does not take: no network namespace (unshare missing, user namespaces off),
+    as root and as an ordinary uid, and a root the unprivileged uid cannot traverse."""
+    from sandbox_standin.envd import identity
+    from sandbox_standin.registry import Sandbox
+
+    hidden = open_root / "hidden"
+    hidden.mkdir(mode=0o700)
+    box = Sandbox("id", "tpl", "plain", "standin", hidden / "box", {}, {}, 0.0, 60.0, None)
+    box.directory.mkdir()
+    if os.geteuid() == 0:
+        refused = identity(box, "user")
+        assert isinstance(refused, str) and f"cannot reach {hidden} (mode 700)" in refused and "--root" in refused
+        hidden.chmod(0o755)
+        assert identity(box, "user") == ([], {"user": 1000, "group": 1000, "extra_groups": []})  # drops to 1000
+        assert identity(box, "root") == ([], {})
+    monkeypatch.setattr(os, "geteuid", lambda: 4321)
+    refused = identity(box, "root")
+    assert isinstance(refused, str) and "cannot run commands as root: it runs as uid 4321" in refused
+    assert identity(box, "user") == ([], {})  # an ordinary uid is already unprivileged
