@@ -13,8 +13,8 @@ pipeline and the SDK touch it; docs/upstream.md cites each one (path:line) and t
   its files API; any other port in the sandbox is forwarded, HTTP and WebSocket.
 
 Where it cannot copy: a template's image is only a name; its build steps run in a directory of this host that
-its sandboxes start from as copies; a sandbox's commands are processes of this user, each sandbox in a network
-namespace of its own where this host can make one (netns.py). Nothing else is isolated.
+its sandboxes start from as copies; a sandbox's commands are processes of this host, as root or uid 1000 (envd.py),
+each sandbox in a network namespace of its own where this host can make one (netns.py). Nothing else is isolated.
 """
 
 from __future__ import annotations
