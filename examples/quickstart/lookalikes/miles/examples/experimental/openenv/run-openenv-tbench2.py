@@ -14,7 +14,10 @@ step whose command is the task's reference solution (read on this side: solution
 in place of the policy's commands, and ``evaluate``, whose reward it keeps; then ``kill_sandbox``. One reward
 per task lands in ``<output-dir>/rewards.jsonl``. The episodes run at once, as upstream's rollout generates a
 group's samples concurrently (miles/rollout/inference_rollout/inference_rollout_common.py: a semaphore of
-``sglang_server_concurrency`` and ``asyncio.gather``); their lines print in prompt order.
+``sglang_server_concurrency`` and ``asyncio.gather``); their lines print in prompt order. At most
+OPENENV_E2B_CREATE_CONCURRENCY (4) creates are in flight, the slot held for the create only, as upstream's
+SandboxBackend holds it (openenv_sandbox_common.py:187, 233-258); its retry of throttled creates (HTTP 429,
+RateLimitException) is not copied: AgentENV's API answers no 429.
 """
 
 import asyncio
@@ -30,6 +33,7 @@ import openenv_launch_common as C
 import typer
 
 CONCURRENCY = 8  # episodes at once (upstream: sglang_server_concurrency samples)
+CREATE_CONCURRENCY = int(os.getenv("OPENENV_E2B_CREATE_CONCURRENCY", "4"))  # in-flight sandbox creates
 MESSAGE_TIMEOUT_S = 900.0  # a reply on /ws (upstream's evaluate budget is of this order)
 
 
@@ -68,12 +72,13 @@ def execute(args: ScriptArgs) -> None:
     tasks_dir = Path(extra_env_vars["OPENENV_TB2_TASKS_DIR"])
     rows = [json.loads(line) for line in Path(args.prompt_data).read_text(encoding="utf-8").splitlines() if line]
 
-    async def episode(row: dict, slots: asyncio.Semaphore) -> dict:
+    async def episode(row: dict, slots: asyncio.Semaphore, creates: asyncio.Semaphore) -> dict:
         task_id = row["metadata"]["task_id"]
         policy = (tasks_dir / task_id / "solution" / "solve.sh").read_text(encoding="utf-8")
         async with slots:
             started = time.monotonic()
-            sandbox, url = await asyncio.to_thread(E.create_task_sandbox, tasks_dir / task_id)
+            async with creates:
+                sandbox, url = await asyncio.to_thread(E.create_task_sandbox, tasks_dir / task_id)
             try:
                 async with Tbench2Env(base_url=url, message_timeout_s=MESSAGE_TIMEOUT_S) as env:
                     await env.reset(task_id=task_id)
@@ -87,8 +92,8 @@ def execute(args: ScriptArgs) -> None:
         return {"task_id": task_id, "reward": verdict.reward, "sandbox": sandbox.sandbox_id, "seconds": seconds}
 
     async def rollout() -> list[dict]:
-        slots = asyncio.Semaphore(CONCURRENCY)
-        return await asyncio.gather(*(episode(row, slots) for row in rows))
+        slots, creates = asyncio.Semaphore(CONCURRENCY), asyncio.Semaphore(CREATE_CONCURRENCY)
+        return await asyncio.gather(*(episode(row, slots, creates) for row in rows))
 
     results = asyncio.run(rollout())
     for result in results:
